@@ -1,0 +1,57 @@
+"""d2l_transformer: the Transformer of d2l 9.3 (MXNet numpy mode), as installable software.
+
+The public names, in the chapter's order.
+"""
+
+from . import _cuda
+
+_cuda.preload()  # the cu112 extra's CUDA libraries, before MXNet loads libmxnet.so
+
+try:
+    from mxnet import npx
+except ImportError as e:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "d2l_transformer needs MXNet 1.9.1: pip install 'd2l_transformer[cpu]' "
+        "(or '[cu112]' for an NVIDIA GPU)") from e
+
+npx.set_np()  # the chapter runs MXNet in numpy mode
+
+from .attention import (  # noqa: E402
+    DotProductAttention,
+    MultiHeadAttention,
+    masked_softmax,
+    transpose_output,
+    transpose_qkv,
+)
+from .config import CHAPTER, PRESETS, TINY, TransformerConfig  # noqa: E402
+from .context import parse_ctx, try_gpu  # noqa: E402
+from .data import (  # noqa: E402
+    DataError,
+    Vocab,
+    build_array,
+    load_data_nmt,
+    preprocess_nmt,
+    read_data_nmt,
+    tokenize_nmt,
+    truncate_pad,
+)
+from .decode import predict_s2s_ch8  # noqa: E402
+from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402
+from .model import (  # noqa: E402
+    Decoder,
+    DecoderBlock,
+    Encoder,
+    EncoderBlock,
+    EncoderDecoder,
+    TransformerDecoder,
+    TransformerEncoder,
+)
+from .train import (  # noqa: E402
+    MaskedSoftmaxCELoss,
+    build_model,
+    grad_clipping,
+    set_seed,
+    train_s2s_ch8,
+)
+
+__version__ = "0.1.0"

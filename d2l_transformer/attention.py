@@ -1,0 +1,140 @@
+"""9.3.1 Multi-head attention, on top of d2l's masked softmax and dot-product attention.
+
+Every function here works on both MXNet numpy arrays (imperative, the chapter's way) and numpy
+symbols (inside a hybridized graph): the module to call (`mx.nd` or `mx.sym`) is taken from the
+array itself, and no code reads a shape in Python, so ``hybridize()`` traces the same lines the
+chapter runs.
+"""
+
+import mxnet as mx
+from mxnet.gluon import nn
+
+MASK_VALUE = -1e6  # d2l fills masked scores with -1e6, whose exp underflows to 0
+
+
+def _F(x):
+    """The operator namespace for `x`: `mx.sym` for a symbol, else `mx.nd`."""
+    return mx.sym if isinstance(x, mx.sym.Symbol) else mx.nd
+
+
+def _length_mask(F, X, valid_length):
+    """True where the key position is below the valid length; broadcastable to X.
+
+    X: (batch, num_queries, num_keys); valid_length: (batch,) or (batch, num_queries).
+    """
+    # (batch,) -> (batch, 1); (batch, num_queries) stays: d2l's two accepted shapes
+    valid_length = F.npx.reshape(valid_length, (-2, -1))
+    valid_length = F.np.expand_dims(valid_length, axis=-1)  # (batch, 1 | num_queries, 1)
+    key_pos = F.npx.arange_like(X, axis=-1)  # (num_keys,)
+    return key_pos < valid_length.astype("float32")  # (batch, 1 | num_queries, num_keys)
+
+
+def _causal_mask(F, X):
+    """True where key j may be seen by query i, keys and queries aligned at the right end.
+
+    X: (batch, num_queries, num_keys). The last query is the newest position; with
+    ``num_keys - num_queries`` positions already cached, query i sits at absolute position
+    ``num_keys - num_queries + i`` and sees keys 0..that position. Training (no cache) gives the
+    chapter's causal valid lengths 1, 2, ..., num_queries; one query per step sees every key.
+    """
+    key_from_end = F.np.flip(F.npx.arange_like(X, axis=-1), axis=0)  # (num_keys,)
+    query_from_end = F.np.flip(F.npx.arange_like(X, axis=-2), axis=0)  # (num_queries,)
+    return F.np.expand_dims(key_from_end, 0) >= F.np.expand_dims(query_from_end, 1)  # (q, k)
+
+
+def masked_softmax(X, valid_length, causal=False):
+    """Softmax over the last axis of X, scores at masked key positions set to -1e6 first (d2l).
+
+    X: (batch, num_queries, num_keys). valid_length: None, (batch,) or (batch, num_queries).
+    ``causal=True`` additionally hides keys after each query's own position (see
+    `_causal_mask`); the chapter expresses the same thing through valid lengths.
+    """
+    F = _F(X)
+    mask = None if valid_length is None else _length_mask(F, X, valid_length)
+    if causal:
+        causal_mask = _causal_mask(F, X)
+        mask = causal_mask if mask is None else F.np.logical_and(mask, causal_mask)
+    if mask is not None:
+        X = F.np.where(mask, X, MASK_VALUE)
+    return F.npx.softmax(X)
+
+
+class DotProductAttention(nn.HybridBlock):
+    """Scaled dot-product attention with dropout on the weights (d2l 9.1)."""
+
+    def __init__(self, dropout, causal=False, **kwargs):
+        super().__init__(**kwargs)
+        self.causal = causal
+        self.dropout = nn.Dropout(dropout)
+
+    def hybrid_forward(self, F, query, key, value, valid_length=None):
+        """query: (batch, num_queries, d); key: (batch, num_keys, d); value: (batch, num_keys, d_v)."""
+        # sqrt(d) read from the graph (float32, bit-identical to the chapter's math.sqrt(d))
+        d = F.npx.shape_array(query)[-1:].astype("float32")  # (1,)
+        scores = F.npx.batch_dot(query, key, transpose_b=True) / F.np.sqrt(d)  # (batch, q, k)
+        self.attention_weights = masked_softmax(scores, valid_length, self.causal)
+        return F.npx.batch_dot(self.dropout(self.attention_weights), value)  # (batch, q, d_v)
+
+
+def transpose_qkv(X, num_heads):
+    """(batch, seq_len, hidden_size) -> (batch * num_heads, seq_len, hidden_size / num_heads)."""
+    F = _F(X)
+    X = F.npx.reshape(X, (-2, -2, num_heads, -1))  # (batch, seq_len, num_heads, d)
+    X = F.np.transpose(X, (0, 2, 1, 3))  # (batch, num_heads, seq_len, d)
+    return F.npx.reshape(X, (-5, -2, -2))  # (batch * num_heads, seq_len, d)
+
+
+def transpose_output(X, num_heads):
+    """The inverse of `transpose_qkv`: (batch * num_heads, seq_len, d) -> (batch, seq_len, num_heads * d)."""
+    F = _F(X)
+    X = F.npx.reshape(X, (-6, -1, num_heads, -2, -2))  # (batch, num_heads, seq_len, d)
+    X = F.np.transpose(X, (0, 2, 1, 3))  # (batch, seq_len, num_heads, d)
+    return F.npx.reshape(X, (-2, -2, -5))  # (batch, seq_len, num_heads * d)
+
+
+def repeat_valid_length(valid_length, num_heads, exact_chapter=False):
+    """One valid length (row) per (example, head), matching `transpose_qkv`'s layout.
+
+    valid_length: (batch,) or (batch, num_queries) -> (batch * num_heads,) or
+    (batch * num_heads, num_queries). `transpose_qkv` puts head j of example b at row
+    ``b * num_heads + j``, so each example's length is repeated `num_heads` times in place.
+
+    ``exact_chapter=True`` reproduces the book's ``np.tile``, which repeats the whole batch
+    instead, so row ``b * num_heads + j`` gets the length of example
+    ``(b * num_heads + j) % batch`` (chapter bug 2; harmless only for a batch of one).
+    """
+    F = _F(valid_length)
+    if exact_chapter:
+        # np.tile(v, h) for (batch,), np.tile(v, (h, 1)) for (batch, q), with F and no ndim
+        tiled = F.np.tile(F.npx.reshape(valid_length, (-2, -1)), (num_heads, 1))  # (h*batch, 1|q)
+        return F.npx.reshape_like(tiled, F.np.repeat(valid_length, num_heads, axis=0))
+    return F.np.repeat(valid_length, num_heads, axis=0)
+
+
+class MultiHeadAttention(nn.HybridBlock):
+    """9.3.1: project, split into heads, attend in parallel, concatenate, project (no biases)."""
+
+    def __init__(self, hidden_size, num_heads, dropout, exact_chapter=False, causal=False,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.exact_chapter = exact_chapter
+        self.attention = DotProductAttention(dropout, causal=causal)
+        self.W_q = nn.Dense(hidden_size, use_bias=False, flatten=False)
+        self.W_k = nn.Dense(hidden_size, use_bias=False, flatten=False)
+        self.W_v = nn.Dense(hidden_size, use_bias=False, flatten=False)
+        self.W_o = nn.Dense(hidden_size, use_bias=False, flatten=False)
+
+    def hybrid_forward(self, F, query, key, value, valid_length=None):
+        """query: (batch, num_queries, dim); key, value: (batch, num_keys, dim);
+        valid_length: None, (batch,) or (batch, num_queries). Returns (batch, num_queries, hidden_size)."""
+        query = transpose_qkv(self.W_q(query), self.num_heads)  # (batch*h, q, hidden/h)
+        key = transpose_qkv(self.W_k(key), self.num_heads)  # (batch*h, k, hidden/h)
+        value = transpose_qkv(self.W_v(value), self.num_heads)  # (batch*h, k, hidden/h)
+        if valid_length is not None:
+            valid_length = repeat_valid_length(valid_length, self.num_heads, self.exact_chapter)
+        output = self.attention(query, key, value, valid_length)  # (batch*h, q, hidden/h)
+        output_concat = transpose_output(output, self.num_heads)  # (batch, q, hidden)
+        return self.W_o(output_concat)

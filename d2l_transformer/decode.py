@@ -1,0 +1,28 @@
+"""Translating with a trained model: the chapter's greedy `predict_s2s_ch8`."""
+
+from mxnet import np
+
+from .data import truncate_pad
+
+
+def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
+    """Greedy decoding one token at a time through the decoder's cached state (d2l).
+
+    The sentence is lower-cased and split on spaces; at most `num_steps` tokens are emitted.
+    """
+    src_tokens = src_vocab[src_sentence.lower().split(" ")]
+    enc_valid_length = np.array([len(src_tokens)], ctx=ctx)
+    src_tokens = truncate_pad(src_tokens, num_steps, src_vocab["<pad>"])
+    enc_X = np.array(src_tokens, ctx=ctx)
+    enc_outputs = model.encoder(np.expand_dims(enc_X, axis=0), enc_valid_length)  # (1, T, d)
+    dec_state = model.decoder.init_state(enc_outputs, enc_valid_length)
+    dec_X = np.expand_dims(np.array([tgt_vocab["<bos>"]], ctx=ctx), axis=0)  # (1, 1)
+    predict_tokens = []
+    for _ in range(num_steps):
+        Y, dec_state = model.decoder(dec_X, dec_state)  # Y: (1, 1, vocab)
+        dec_X = Y.argmax(axis=2)  # the most likely token is the next input, (1, 1)
+        py = dec_X.squeeze(axis=0).astype("int32").item()
+        if py == tgt_vocab["<eos>"]:
+            break
+        predict_tokens.append(py)
+    return " ".join(tgt_vocab.to_tokens(predict_tokens))

@@ -1,0 +1,208 @@
+"""9.3.5-9.3.6 The encoder, the stateful decoder, and the encoder-decoder that joins them.
+
+Two ways to call the decoder, one body of code:
+
+* the chapter's stateful call ``decoder(X, state)`` with ``state = [enc_outputs,
+  enc_valid_length, [cache of block 0, ...]]`` -> ``(logits, state)``. Each block appends X to
+  ``state[2][i]`` (every past query position of block i) and attends over it. This is what
+  training in the chapter and step-by-step prediction use.
+* the graph call ``decoder(X, enc_outputs, enc_valid_length)`` -> logits, the whole target at
+  once with the causal mask computed inside the graph. It keeps no state, so it hybridizes
+  (``static_alloc=True, static_shape=True``) into one graph for fast training.
+
+With ``exact_chapter=True`` the stateful call reproduces the book exactly, bugs included: causal
+valid lengths only under ``autograd.is_training()``, no mask otherwise, ``np.tile`` head lengths,
+and positional encoding restarting at row 0 on every prediction step.
+"""
+
+import math
+
+from mxnet import autograd, np, npx
+from mxnet.gluon import nn
+
+from .attention import MultiHeadAttention
+from .layers import AddNorm, PositionalEncoding, PositionWiseFFN
+
+
+class Encoder(nn.HybridBlock):
+    """The base encoder interface for the encoder-decoder architecture (d2l 9.1).
+
+    Subclasses implement ``hybrid_forward`` (HybridBlock's abstract method) instead of the
+    chapter's ``forward``, so that they can be hybridized.
+    """
+
+
+class Decoder(nn.HybridBlock):
+    """The base decoder interface for the encoder-decoder architecture (d2l 9.1)."""
+
+    def init_state(self, enc_outputs, *args):
+        raise NotImplementedError
+
+
+class EncoderDecoder(nn.Block):
+    """The base encoder-decoder: encode, initialise the decoder's state, decode (d2l 9.1)."""
+
+    def __init__(self, encoder, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def forward(self, enc_X, dec_X, *args):
+        """The chapter's call: ``model(X, Y_input, X_valid_len, Y_valid_len) -> (Y_hat, state)``."""
+        enc_outputs = self.encoder(enc_X, *args)
+        dec_state = self.decoder.init_state(enc_outputs, *args)
+        return self.decoder(dec_X, dec_state)
+
+
+class EncoderBlock(nn.HybridBlock):
+    """9.3.5: self-attention and FFN, each followed by add & norm."""
+
+    def __init__(self, embedding_size, ffn_hidden_size, num_heads, dropout, exact_chapter=False,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.attention = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter)
+        self.addnorm_1 = AddNorm(dropout)
+        self.ffn = PositionWiseFFN(ffn_hidden_size, embedding_size)
+        self.addnorm_2 = AddNorm(dropout)
+
+    def hybrid_forward(self, F, X, valid_length=None):
+        """X: (batch, seq_len, embedding_size); valid_length: (batch,) -> same shape as X."""
+        Y = self.addnorm_1(X, self.attention(X, X, X, valid_length))
+        return self.addnorm_2(Y, self.ffn(Y))
+
+
+class TransformerEncoder(Encoder):
+    """9.3.5: embed * sqrt(d) + positional encoding, then `num_layers` encoder blocks."""
+
+    def __init__(self, vocab_size, embedding_size, ffn_hidden_size, num_heads, num_layers,
+                 dropout, exact_chapter=False, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding_size = embedding_size
+        self.embed = nn.Embedding(vocab_size, embedding_size)
+        self.pos_encoding = PositionalEncoding(embedding_size, dropout)
+        self.blks = nn.HybridSequential()
+        for _ in range(num_layers):
+            self.blks.add(EncoderBlock(embedding_size, ffn_hidden_size, num_heads, dropout,
+                                       exact_chapter))
+
+    def forward(self, X, valid_length=None, *args):
+        """The chapter accepts (and ignores) extra arguments after valid_length."""
+        return super().forward(X, valid_length)
+
+    def hybrid_forward(self, F, X, valid_length=None):
+        """X: (batch, seq_len) token ids; valid_length: (batch,) -> (batch, seq_len, embedding_size)."""
+        X = self.pos_encoding(self.embed(X) * math.sqrt(self.embedding_size))
+        for blk in self.blks:
+            X = blk(X, valid_length)
+        return X
+
+
+def _is_state(args):
+    """True for the chapter's stateful call ``(X, state)``, where state is a list."""
+    return len(args) == 1 and isinstance(args[0], list)
+
+
+class DecoderBlock(nn.HybridBlock):
+    """9.3.6: causal self-attention, encoder-decoder attention, FFN, each with add & norm.
+
+    ``i`` is the block's index in the decoder: its cache lives in ``state[2][i]``.
+    """
+
+    def __init__(self, embedding_size, ffn_hidden_size, num_heads, dropout, i,
+                 exact_chapter=False, **kwargs):
+        super().__init__(**kwargs)
+        self.i = i
+        self.exact_chapter = exact_chapter
+        # corrected model: the causal mask lives inside the attention (valid lengths stay free)
+        self.attention_1 = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter,
+                                              causal=not exact_chapter)
+        self.addnorm_1 = AddNorm(dropout)
+        self.attention_2 = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter)
+        self.addnorm_2 = AddNorm(dropout)
+        self.ffn = PositionWiseFFN(ffn_hidden_size, embedding_size)
+        self.addnorm_3 = AddNorm(dropout)
+
+    def _sublayers(self, X, key_values, self_valid_length, enc_outputs, enc_valid_length):
+        """The block's arithmetic, shared by the stateful and the graph call."""
+        X2 = self.attention_1(X, key_values, key_values, self_valid_length)
+        Y = self.addnorm_1(X, X2)
+        Y2 = self.attention_2(Y, enc_outputs, enc_outputs, enc_valid_length)
+        Z = self.addnorm_2(Y, Y2)
+        return self.addnorm_3(Z, self.ffn(Z))
+
+    def forward(self, X, *args):
+        """``blk(X, state) -> (out, state)`` (chapter) or ``blk(X, enc_outputs, enc_valid_length)``."""
+        if _is_state(args):
+            return self._forward_with_state(X, args[0])
+        return super().forward(X, *args)
+
+    def hybrid_forward(self, F, X, enc_outputs, enc_valid_length=None):
+        """Whole target at once, causal; X: (batch, seq_len, embedding_size) -> same shape."""
+        if self.exact_chapter:
+            raise ValueError("the graph call needs the corrected model (exact_chapter=False)")
+        return self._sublayers(X, X, None, enc_outputs, enc_valid_length)
+
+    def _forward_with_state(self, X, state):
+        enc_outputs, enc_valid_length = state[0], state[1]
+        # state[2][i]: every past query position of this block, (batch, num_past, d)
+        if state[2][self.i] is None:
+            key_values = X
+        else:
+            key_values = np.concatenate((state[2][self.i], X), axis=1)  # (batch, past + T, d)
+        state[2][self.i] = key_values
+        valid_length = None
+        if self.exact_chapter and autograd.is_training():
+            batch_size, seq_len, _ = X.shape
+            # (batch_size, seq_len): the j-th column holds j + 1, the chapter's causal lengths
+            valid_length = np.tile(np.arange(1, seq_len + 1, ctx=X.context), (batch_size, 1))
+        return self._sublayers(X, key_values, valid_length, enc_outputs, enc_valid_length), state
+
+
+class TransformerDecoder(Decoder):
+    """9.3.6: embed * sqrt(d) + positional encoding, decoder blocks, dense to vocabulary."""
+
+    def __init__(self, vocab_size, embedding_size, ffn_hidden_size, num_heads, num_layers,
+                 dropout, exact_chapter=False, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding_size = embedding_size
+        self.num_layers = num_layers
+        self.exact_chapter = exact_chapter
+        self.embed = nn.Embedding(vocab_size, embedding_size)
+        self.pos_encoding = PositionalEncoding(embedding_size, dropout)
+        self.blks = nn.HybridSequential()
+        for i in range(num_layers):
+            self.blks.add(DecoderBlock(embedding_size, ffn_hidden_size, num_heads, dropout, i,
+                                       exact_chapter))
+        self.dense = nn.Dense(vocab_size, flatten=False)
+
+    def init_state(self, enc_outputs, enc_valid_length, *args):
+        """``[enc_outputs, enc_valid_length, [None] * num_layers]``: nothing cached yet."""
+        return [enc_outputs, enc_valid_length, [None] * self.num_layers]
+
+    def forward(self, X, *args):
+        """``decoder(X, state) -> (logits, state)`` (chapter) or
+        ``decoder(X, enc_outputs, enc_valid_length) -> logits`` (graph)."""
+        if _is_state(args):
+            return self._forward_with_state(X, args[0])
+        return super().forward(X, *args)
+
+    def hybrid_forward(self, F, X, enc_outputs, enc_valid_length=None):
+        """X: (batch, seq_len) target ids -> (batch, seq_len, vocab_size), causal."""
+        X = self.pos_encoding(self.embed(X) * math.sqrt(self.embedding_size))
+        for blk in self.blks:
+            X = blk(X, enc_outputs, enc_valid_length)
+        return self.dense(X)
+
+    def _forward_with_state(self, X, state):
+        num_cached = 0 if state[2][0] is None else state[2][0].shape[1]
+        if num_cached + X.shape[1] > self.pos_encoding.max_len:
+            raise ValueError(f"a target of {num_cached + X.shape[1]} positions is longer than "
+                             f"the model's {self.pos_encoding.max_len} positions")
+        X = self.embed(X) * math.sqrt(self.embedding_size)
+        if self.exact_chapter:  # bug 3: every call adds rows 0, 1, ... of P
+            X = self.pos_encoding(X)
+        else:  # fixed: continue at the true position of X's first row
+            X = self.pos_encoding(X, np.array([num_cached], ctx=X.context))
+        for blk in self.blks:
+            X, state = blk(X, state)
+        return self.dense(X), state

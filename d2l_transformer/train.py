@@ -1,0 +1,106 @@
+"""9.3.7 Training with the semantics of d2l's `train_s2s_ch8` (the chapter calls it)."""
+
+import math
+import random
+import time
+
+import mxnet as mx
+import numpy as onp
+from mxnet import autograd, gluon, init, np, npx
+
+from .config import TransformerConfig
+from .model import EncoderDecoder, TransformerDecoder, TransformerEncoder
+
+
+def set_seed(seed):
+    """Seed Python, NumPy (Gluon's shuffling) and MXNet, so that a run can be repeated."""
+    random.seed(seed)
+    onp.random.seed(seed)
+    mx.random.seed(seed)
+
+
+def build_model(cfg: TransformerConfig, src_vocab_size, tgt_vocab_size):
+    """The chapter's EncoderDecoder; the only function that reads a config.
+
+    ``cfg.exact_chapter`` builds the decoder with ``src_vocab_size`` as the book does (bug 1);
+    otherwise its output layer has ``tgt_vocab_size`` entries.
+    """
+    args = (cfg.embedding_size, cfg.ffn_hidden_size, cfg.num_heads, cfg.num_layers, cfg.dropout)
+    encoder = TransformerEncoder(src_vocab_size, *args, exact_chapter=cfg.exact_chapter)
+    decoder_vocab_size = src_vocab_size if cfg.exact_chapter else tgt_vocab_size
+    decoder = TransformerDecoder(decoder_vocab_size, *args, exact_chapter=cfg.exact_chapter)
+    return EncoderDecoder(encoder, decoder)
+
+
+class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
+    """Softmax cross-entropy with positions at or after `valid_length` weighted 0 (d2l).
+
+    pred: (batch, seq_len, vocab); label: (batch, seq_len); valid_length: (batch,).
+    Returns (batch,): each sequence's loss averaged over all seq_len positions, padding
+    included, which is why the book's loss is the per-token cross-entropy / seq_len.
+    """
+
+    def forward(self, pred, label, valid_length):
+        weights = np.expand_dims(np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
+        weights = npx.sequence_mask(weights, valid_length, True, axis=1)
+        return super().forward(pred, label, weights)
+
+
+def grad_clipping(model, theta):
+    """Scale all gradients so that their global L2 norm is at most theta (d2l)."""
+    params = [p.data() for p in model.collect_params().values() if p.grad_req != "null"]
+    norm = math.sqrt(sum((p.grad ** 2).sum() for p in params))
+    if norm > theta:
+        for param in params:
+            param.grad[:] *= theta / norm
+
+
+def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None):
+    """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
+
+    Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
+    epoch), ``loss_per_token`` (the true cross-entropy per target token), ``tokens_per_sec``
+    (last epoch, like the book), ``history`` ``[(epoch, loss), ...]`` every 10 epochs.
+    ``on_epoch(epoch, loss)`` is called after every epoch.
+    """
+    model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
+    trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
+    loss = MaskedSoftmaxCELoss()
+    history = []
+    for epoch in range(1, num_epochs + 1):
+        tic = time.time()
+        loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
+        for batch in data_iter:
+            X, X_vlen, Y, Y_vlen = [x.as_in_context(ctx) for x in batch]
+            Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
+            with autograd.record():
+                Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
+                l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+            l.backward()
+            grad_clipping(model, 1)
+            num_tokens = Y_vlen.sum()
+            trainer.step(num_tokens)
+            batch_loss = float(l.sum())
+            loss_sum += batch_loss
+            ce_sum += batch_loss * Y_label.shape[1]  # undo the mean over positions
+            num_tokens_sum += float(num_tokens)
+        elapsed = time.time() - tic
+        epoch_loss = loss_sum / num_tokens_sum
+        if epoch % 10 == 0:
+            history.append((epoch, epoch_loss))
+        if on_epoch is not None:
+            on_epoch(epoch, epoch_loss)
+    return {
+        "loss": epoch_loss,
+        "loss_per_token": ce_sum / num_tokens_sum,
+        "tokens_per_sec": num_tokens_sum / elapsed,
+        "ctx": str(ctx),
+        "epochs": num_epochs,
+        "history": history,
+    }
+
+
+def book_line(summary):
+    """The line the book prints after training."""
+    return "loss %.3f, %d tokens/sec on %s " % (
+        summary["loss"], summary["tokens_per_sec"], summary["ctx"])
