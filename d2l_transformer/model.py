@@ -17,7 +17,7 @@ and positional encoding restarting at row 0 on every prediction step.
 
 import math
 
-from mxnet import autograd, np, npx
+from mxnet import autograd, np
 from mxnet.gluon import nn
 
 from .attention import MultiHeadAttention

@@ -1,0 +1,42 @@
+"""The book's printed output for 9.3, and the side-by-side table against our runs."""
+
+BOOK_LOSS = 0.033
+BOOK_TRANSLATIONS = {
+    "Go .": "va !",
+    "Wow !": "<unk> !",
+    "I'm OK .": "ça va .",
+    "I won !": "je l'ai emporté !",
+}
+SENTENCES = list(BOOK_TRANSLATIONS)
+
+
+def _loss_matches(loss):
+    """The book prints three decimals; a run matches when it prints the same figure."""
+    return f"{loss:.3f}" == f"{BOOK_LOSS:.3f}"
+
+
+def compare_table(runs):
+    """A text table: the book, then one column per run, with match/differs per run.
+
+    runs: ``[(title, summary), ...]`` with summaries as written by the chapter script.
+    """
+    header = ["", "book"] + [title for title, _ in runs]
+    rows = [["loss (book units)", f"{BOOK_LOSS:.3f}"]
+            + [f"{s['loss']:.3f} ({'match' if _loss_matches(s['loss']) else 'differs'})"
+               for _, s in runs]]
+    rows.append(["loss per token", "-"] + [f"{s['loss_per_token']:.3f}" for _, s in runs])
+    for sentence, expected in BOOK_TRANSLATIONS.items():
+        cells = []
+        for _, s in runs:
+            got = s["translations"].get(sentence, "")
+            cells.append(f"{got} ({'match' if got == expected else 'differs'})")
+        rows.append([sentence, expected] + cells)
+    rows.append(["tokens/sec", "-"] + [f"{s['tokens_per_sec']:.0f}" for _, s in runs])
+    rows.append(["context", "gpu(0)"] + [s["ctx"] for _, s in runs])
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+
+    def fmt(r):
+        return " | ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+
+    lines = [fmt(header), "-+-".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""d2l_transformer: the Transformer of d2l 9.3 (MXNet numpy mode) as installable software.
+
+MXNet comes through an extra, because the CPU and the CUDA builds are different packages that
+both install the module `mxnet` and cannot sit side by side:
+
+    pip install '.[cpu]'      # mxnet==1.9.1, the CPU build
+    pip install '.[cu112]'    # mxnet-cu112==1.9.1 + the CUDA 11 libraries it needs
+"""
+
+from setuptools import find_packages, setup
+
+CUDA11 = [  # mxnet-cu112 links these but does not bundle them; d2l_transformer preloads them
+    "nvidia-cuda-runtime-cu11",
+    "nvidia-cuda-nvrtc-cu11",
+    "nvidia-cublas-cu11",
+    "nvidia-cufft-cu11",
+    "nvidia-curand-cu11",
+    "nvidia-cusolver-cu11",
+    "nvidia-cusparse-cu11",
+    "nvidia-cudnn-cu11>=8.5,<9",
+    "nvidia-nccl-cu11",
+]
+
+setup(
+    name="d2l_transformer",
+    version="0.1.0",
+    description="The Transformer of d2l 9.3 (MXNet/Gluon), reproduced, tested and extended",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["d2l_transformer", "d2l_transformer.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        "numpy>=1.16,<1.24",  # mxnet 1.9.1 uses np.bool, removed in numpy 1.24
+        "gluonnlp==0.10.0",
+        "matplotlib",
+        "sacrebleu",
+    ],
+    extras_require={
+        "cpu": ["mxnet==1.9.1"],
+        "cu112": ["mxnet-cu112==1.9.1"] + CUDA11,
+        "test": ["pytest", "ruff", "pandas", "ipython"],  # pandas, IPython: for the d2l oracle
+        "notebook": ["jupyter", "nbclient", "ipykernel"],
+    },
+    entry_points={"console_scripts": ["d2l-transformer=d2l_transformer.cli:main"]},
+)
