@@ -9,6 +9,7 @@ import collections
 import os
 import zipfile
 
+import numpy as onp
 from mxnet import gluon, np
 
 RESERVED_TOKENS = ["<pad>", "<bos>", "<eos>"]
@@ -56,10 +57,17 @@ def preprocess_nmt(text):
 
 def tokenize_nmt(text, num_examples=None):
     """Split lines into (source tokens, target tokens); keeps lines 0..num_examples (d2l)."""
+    return tokenize_nmt_lines(text, 0, num_examples + 1 if num_examples else None)
+
+
+def tokenize_nmt_lines(text, start=0, stop=None):
+    """`tokenize_nmt` for the lines ``start <= i < stop`` of the text (all after start if None)."""
     source, target = [], []
     for i, line in enumerate(text.split("\n")):
-        if num_examples and i > num_examples:
+        if stop is not None and i >= stop:
             break
+        if i < start:
+            continue
         parts = line.split("\t")
         if len(parts) == 2:
             source.append(parts[0].split(" "))
@@ -151,3 +159,29 @@ def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None):
     data_arrays = (src_array, src_valid_len, tgt_array, tgt_valid_len)
     data_iter = load_array(data_arrays, batch_size)
     return src_vocab, tgt_vocab, data_iter
+
+
+def heldout_nmt(src_vocab, tgt_vocab, num_examples=1000, num_heldout=None, path=None):
+    """Pairs the chapter run never trains on: lines ``num_examples + 1 ...`` of fra.txt.
+
+    Returns ``{"unfiltered": (source, target), "in_vocab": (source, target)}`` for the next
+    `num_heldout` lines (``None``: all the rest); ``in_vocab`` keeps the pairs whose every
+    source and target token is in the vocabularies (a fair test of a small-vocabulary model).
+    The split is a fixed range of lines, so it is the same on every machine and every run.
+    """
+    text = preprocess_nmt(read_data_nmt(path))
+    start = num_examples + 1  # the chapter keeps lines 0..num_examples
+    stop = None if num_heldout is None else start + num_heldout
+    source, target = tokenize_nmt_lines(text, start, stop)
+    keep = [i for i in range(len(source))
+            if src_vocab.unk not in src_vocab[source[i]] and tgt_vocab.unk not in tgt_vocab[target[i]]]
+    return {"unfiltered": (source, target),
+            "in_vocab": ([source[i] for i in keep], [target[i] for i in keep])}
+
+
+def split_pairs(source, target, num_valid, num_test, seed=0):
+    """A deterministic random (train, valid, test) split of parallel lists (a fixed-seed
+    permutation, independent of the global RNGs). Each part is ``(source, target)``."""
+    order = onp.random.RandomState(seed).permutation(len(source))
+    parts = (order[num_valid + num_test:], order[:num_valid], order[num_valid:num_valid + num_test])
+    return tuple(([source[i] for i in idx], [target[i] for i in idx]) for idx in parts)
