@@ -185,3 +185,61 @@ def split_pairs(source, target, num_valid, num_test, seed=0):
     order = onp.random.RandomState(seed).permutation(len(source))
     parts = (order[num_valid + num_test:], order[:num_valid], order[num_valid:num_valid + num_test])
     return tuple(([source[i] for i in idx], [target[i] for i in idx]) for idx in parts)
+
+
+class _PadBatch:
+    """Batchify ``[(src_ids, tgt_ids), ...]`` into ``(X, X_valid_len, Y, Y_valid_len)`` padded
+    to the longest in the batch (gluonnlp's Pad, converted to numpy-mode arrays)."""
+
+    def __init__(self, pad):
+        from gluonnlp.data import batchify
+        pad_fn = batchify.Pad(pad_val=pad, ret_length=True, dtype="float32")
+        self.fn = batchify.Tuple(pad_fn, pad_fn)
+
+    def __call__(self, samples):
+        (X, X_len), (Y, Y_len) = self.fn(samples)  # X: (batch, max_src_len), X_len: (batch,)
+        return tuple(a.as_np_ndarray().astype("float32") for a in (X, X_len, Y, Y_len))
+
+
+def load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
+                  shuffle=True):
+    """A DataLoader of batches of similar lengths (gluonnlp FixedBucketSampler), each padded to
+    its own longest sentence instead of `num_steps`. Sentences are cut at `num_steps` tokens
+    (targets counting <bos> and <eos>) as `build_array` does; batches are those of
+    `load_data_nmt`: ``(X, X_valid_len, Y, Y_valid_len)``."""
+    from gluonnlp.data import FixedBucketSampler
+    bos, eos = tgt_vocab["<bos>"], tgt_vocab["<eos>"]
+    src = [src_vocab[s][:num_steps] for s in source]
+    tgt = [([bos] + tgt_vocab[t] + [eos])[:num_steps] for t in target]
+    sampler = FixedBucketSampler([(len(s), len(t)) for s, t in zip(src, tgt)], batch_size,
+                                 num_buckets=num_buckets, shuffle=shuffle)
+    dataset = gluon.data.SimpleDataset(list(zip(src, tgt)))
+    return gluon.data.DataLoader(dataset, batch_sampler=sampler,
+                                 batchify_fn=_PadBatch(src_vocab["<pad>"]))
+
+
+SPLIT_SEED = 0  # the valid/test split is the same for every run, whatever its --seed
+
+
+def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
+                    num_test=0, num_buckets=0, path=None):
+    """`load_data_nmt` with a held-out split and optional bucketing, for corpora beyond the
+    chapter's 1001 pairs: ``(src_vocab, tgt_vocab, train_iter, valid, test)``.
+
+    The first ``num_examples + 1`` pairs (all when None) are split at random, with a fixed seed,
+    into train / `num_valid` / `num_test` pairs; the vocabularies see only the training part.
+    valid and test are ``(source tokens, target tokens)``.
+    """
+    text = preprocess_nmt(read_data_nmt(path))
+    source, target = tokenize_nmt(text, num_examples)
+    num_valid, num_test = min(num_valid, len(source) // 10), min(num_test, len(source) // 10)
+    train, valid, test = split_pairs(source, target, num_valid, num_test, SPLIT_SEED)
+    src_vocab = Vocab(train[0], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    tgt_vocab = Vocab(train[1], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    if num_buckets:
+        train_iter = load_bucketed(*train, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets)
+    else:
+        src_array, src_valid_len = build_array(train[0], src_vocab, num_steps, True)
+        tgt_array, tgt_valid_len = build_array(train[1], tgt_vocab, num_steps, False)
+        train_iter = load_array((src_array, src_valid_len, tgt_array, tgt_valid_len), batch_size)
+    return src_vocab, tgt_vocab, train_iter, valid, test
