@@ -98,8 +98,15 @@ def cmd_translate(args):
         ok.append(problem is None)
     translations = iter(translate_tokens(model, good, src_vocab, tgt_vocab, cfg, ctx,
                                          args.beam, args.alpha))
-    for line_ok in ok:  # one output line per input line, empty when skipped
-        print(next(translations) if line_ok else "")
+    outputs = [next(translations) if line_ok else "" for line_ok in ok]
+    for out in outputs:  # one output line per input line, empty when skipped
+        print(out)
+    if args.attention and good:
+        from .plot import plot_attention_maps
+        first = outputs[ok.index(True)].split()
+        for path in plot_attention_maps(model, good[0], first, src_vocab, tgt_vocab,
+                                        cfg.num_steps, ctx, args.attention):
+            print(f"wrote {path}", file=sys.stderr)
     problems = ok.count(False)
     return EXIT_BAD_INPUT if problems else 0
 
@@ -135,14 +142,15 @@ def cmd_evaluate(args):
         for (eng, fra), out in zip(BLEU_PAIRS, outs):
             print(f"  [{name}] {eng} => {out}, bleu {bleu(out, fra, k=2):.3f}")
     print(f"corpus BLEU (sacrebleu, tokenize={SACREBLEU_TOKENIZE!r}):")
-    rows = []
     for name, src, refs in _eval_sets(cfg, src_vocab, tgt_vocab, args.data, args.max_sentences):
+        if not src:
+            print(f"  {name}: no pairs")
+            continue
         cells = []
         for _, beam in decoders:
             tic = time.time()
             hyps = translate_tokens(model, src, src_vocab, tgt_vocab, cfg, ctx, beam, args.alpha)
             cells.append(f"{corpus_bleu(hyps, refs).score:6.2f} ({time.time() - tic:.0f} s)")
-        rows.append((name, cells))
         print(f"  {name}: " + "  ".join(f"{d}: {c}" for (d, _), c in zip(decoders, cells)))
         if args.examples:
             for s, r, h in list(zip(src, refs, hyps))[:args.examples]:
@@ -296,6 +304,8 @@ def get_parser():
         e.set_defaults(func=func)
         if name == "translate":
             e.add_argument("sentences", nargs="*", help="sentences (default: one per stdin line)")
+            e.add_argument("--attention", metavar="DIR", default=None,
+                           help="write attention heatmaps (PNG) of the first sentence into DIR")
         else:
             e.add_argument("--data", default=None, help="path of fra-eng.zip")
             e.add_argument("--max-sentences", type=int, default=1000,

@@ -7,6 +7,7 @@ sits in.
 
 import collections
 import os
+import warnings
 import zipfile
 
 import numpy as onp
@@ -211,8 +212,10 @@ def load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps, n
     bos, eos = tgt_vocab["<bos>"], tgt_vocab["<eos>"]
     src = [src_vocab[s][:num_steps] for s in source]
     tgt = [([bos] + tgt_vocab[t] + [eos])[:num_steps] for t in target]
-    sampler = FixedBucketSampler([(len(s), len(t)) for s, t in zip(src, tgt)], batch_size,
-                                 num_buckets=num_buckets, shuffle=shuffle)
+    with warnings.catch_warnings():  # small slices leave some buckets empty: not a problem
+        warnings.filterwarnings("ignore", "Some buckets are empty")
+        sampler = FixedBucketSampler([(len(s), len(t)) for s, t in zip(src, tgt)], batch_size,
+                                     num_buckets=num_buckets, shuffle=shuffle)
     dataset = gluon.data.SimpleDataset(list(zip(src, tgt)))
     return gluon.data.DataLoader(dataset, batch_sampler=sampler,
                                  batchify_fn=_PadBatch(src_vocab["<pad>"]))
