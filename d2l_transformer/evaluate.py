@@ -46,4 +46,6 @@ def corpus_bleu(hypotheses, references):
     ``tokenize="none"``: the text is already tokenized). Returns sacrebleu's BLEUScore."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    return sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize=SACREBLEU_TOKENIZE)
+    # force=True: the text is tokenized on purpose (else sacrebleu warns about "tokenized periods")
+    return sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize=SACREBLEU_TOKENIZE,
+                                 force=True)
