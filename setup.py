@@ -39,7 +39,7 @@ setup(
         "cpu": ["mxnet==1.9.1"],
         "cu112": ["mxnet-cu112==1.9.1"] + CUDA11,
         "test": ["pytest", "ruff", "pandas", "ipython"],  # pandas, IPython: for the d2l oracle
-        "notebook": ["jupyter", "nbclient", "ipykernel"],
+        "notebook": ["notebook", "nbclient", "nbformat", "ipykernel"],
     },
     entry_points={"console_scripts": ["d2l-transformer=d2l_transformer.cli:main"]},
 )
