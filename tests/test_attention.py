@@ -5,7 +5,7 @@ import d2l
 import numpy as onp
 import pytest
 from conftest import assert_close, copy_params
-from mxnet import np
+from mxnet import autograd, np
 
 import d2l_transformer as d2t
 
@@ -91,3 +91,28 @@ def test_hybridized_attention_equals_imperative():
     cell.hybridize(static_alloc=True, static_shape=True)
     assert_close(cell(X, X, X, vl), expected, tol=1e-6)
     assert_close(cell(X, X, X, vl), expected, tol=1e-6)  # second call, cached graph
+
+
+@pytest.mark.parametrize("valid_length", [[2, 3], [[1, 3], [2, 4]]])
+def test_masked_softmax_gradient_equals_d2l(valid_length):
+    X, v = np.random.normal(size=(2, 2, 4)), np.array(valid_length)
+    grads = []
+    for f in (d2t.masked_softmax, d2l.masked_softmax):
+        x = X.copy()
+        x.attach_grad()
+        with autograd.record():
+            y = (f(x, v) * np.arange(4)).sum()
+        y.backward()
+        grads.append(x.grad)
+    assert_close(grads[0], grads[1], tol=1e-6)
+    assert float(np.abs(grads[0]).sum()) > 0.1
+
+
+def test_causal_softmax_gradient_reaches_only_visible_keys():
+    x = np.random.normal(size=(1, 3, 3))
+    x.attach_grad()
+    with autograd.record():
+        y = (d2t.masked_softmax(x, None, causal=True) * np.arange(3)).sum()
+    y.backward()
+    g = x.grad.asnumpy()[0]
+    assert (g[onp.triu_indices(3, 1)] == 0).all() and abs(g[1, :2]).sum() > 0
