@@ -219,6 +219,10 @@ def cmd_train(args):
         trainer = make_trainer(model, cfg.lr, cfg.warmup_steps)
         checkpoint.load_trainer_states(args.out, trainer)
         start_epoch = summary["epochs_done"] + 1
+        if start_epoch > cfg.num_epochs:
+            print(f"{args.out} has already been trained {summary['epochs_done']} epochs; "
+                  "give a larger --epochs to train on", file=sys.stderr)
+            return 0
     else:
         model = build_model(cfg, len(src_vocab), len(tgt_vocab))
         model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
