@@ -40,10 +40,28 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
     included, which is why the book's loss is the per-token cross-entropy / seq_len.
     """
 
-    def forward(self, pred, label, valid_length):
-        weights = np.expand_dims(np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
-        weights = npx.sequence_mask(weights, valid_length, True, axis=1)
-        return super().forward(pred, label, weights)
+    def hybrid_forward(self, F, pred, label, valid_length):
+        weights = F.np.expand_dims(F.np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
+        weights = F.npx.sequence_mask(weights, valid_length, True, axis=1)
+        return super().hybrid_forward(F, pred, label, weights)
+
+
+class TrainGraph(gluon.HybridBlock):
+    """Fast path (issue 4): encoder + causal graph decoder + masked loss as ONE hybrid graph.
+
+    Holds the model's own encoder/decoder (no copied model code); returns the (batch,) loss.
+    """
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = model.encoder
+        self.decoder = model.decoder
+        self.loss = MaskedSoftmaxCELoss()
+
+    def hybrid_forward(self, F, X, X_vlen, Y_input, Y_label, Y_vlen):
+        enc_outputs = self.encoder(X, X_vlen)  # (batch, num_steps, d)
+        Y_hat = self.decoder(Y_input, enc_outputs, X_vlen)  # (batch, num_steps - 1, vocab)
+        return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
 
 
 def grad_clipping(model, theta):
@@ -55,24 +73,43 @@ def grad_clipping(model, theta):
             param.grad[:] *= theta / norm
 
 
-def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None):
+def _clip_global(params, theta):
+    """One-pass global-norm clipping (gluon.utils.clip_global_norm), no host sync here."""
+    grads = [p.grad() for p in params]
+    gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
+
+
+def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, fast=False):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
     epoch), ``loss_per_token`` (the true cross-entropy per target token), ``tokens_per_sec``
     (last epoch, like the book), ``history`` ``[(epoch, loss), ...]`` every 10 epochs.
     ``on_epoch(epoch, loss)`` is called after every epoch.
+
+    ``fast=True`` (issue 4) runs the same arithmetic as one hybridized graph
+    (:class:`TrainGraph`, ``static_alloc/static_shape``), clips in one pass and reads the
+    losses back once per epoch; it needs the corrected model (the graph call raises in exact
+    mode). The loop below is shared: only the step function differs.
     """
     model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
     trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
     loss = MaskedSoftmaxCELoss()
-    history = []
-    for epoch in range(1, num_epochs + 1):
-        tic = time.time()
-        loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
-        for batch in data_iter:
-            X, X_vlen, Y, Y_vlen = [x.as_in_context(ctx) for x in batch]
-            Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
+    if fast:
+        graph = TrainGraph(model)
+        graph.hybridize(static_alloc=True, static_shape=True)
+        params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+
+        def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+            with autograd.record():
+                l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l.backward()
+            _clip_global(params, 1)
+            num_tokens = Y_vlen.sum()
+            trainer.step(num_tokens)
+            return l.sum(), num_tokens  # stay on the device
+    else:
+        def step(X, X_vlen, Y_input, Y_label, Y_vlen):
             with autograd.record():
                 Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
                 l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
@@ -80,10 +117,19 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None):
             grad_clipping(model, 1)
             num_tokens = Y_vlen.sum()
             trainer.step(num_tokens)
-            batch_loss = float(l.sum())
+            return float(l.sum()), float(num_tokens)
+    history = []
+    for epoch in range(1, num_epochs + 1):
+        tic = time.time()
+        loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
+        for batch in data_iter:
+            X, X_vlen, Y, Y_vlen = [x.as_in_context(ctx) for x in batch]
+            Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
+            batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
             loss_sum += batch_loss
             ce_sum += batch_loss * Y_label.shape[1]  # undo the mean over positions
-            num_tokens_sum += float(num_tokens)
+            num_tokens_sum += num_tokens
+        loss_sum, ce_sum, num_tokens_sum = float(loss_sum), float(ce_sum), float(num_tokens_sum)
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum
         if epoch % 10 == 0:
