@@ -75,7 +75,7 @@ def grad_clipping(model, theta):
 
 def _clip_global(params, theta):
     """One-pass global-norm clipping (gluon.utils.clip_global_norm), no host sync here."""
-    grads = [p.grad() for p in params]
+    grads = [p.grad().as_nd_ndarray() for p in params]  # legacy views, same memory
     gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
 
 
