@@ -101,6 +101,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, fast=Fal
         params = [p for p in model.collect_params().values() if p.grad_req != "null"]
 
         def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+            if not params[0]._data:  # deferred init in the faithful order: same weights
+                model(X, Y_input, X_vlen, Y_vlen)
             with autograd.record():
                 l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
             l.backward()
