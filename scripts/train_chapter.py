@@ -70,6 +70,8 @@ def toy_checks(out):
 
 def run(args):
     os.makedirs(args.out, exist_ok=True)
+    if args.fast and args.exact_chapter:
+        get_parser().error("--fast needs the corrected model: --exact-chapter runs the faithful path")
     d2t.set_seed(args.seed)
     if not args.skip_toys:
         toy_checks(args.out)
