@@ -38,12 +38,27 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
     pred: (batch, seq_len, vocab); label: (batch, seq_len); valid_length: (batch,).
     Returns (batch,): each sequence's loss averaged over all seq_len positions, padding
     included, which is why the book's loss is the per-token cross-entropy / seq_len.
+
+    ``label_smoothing`` = eps > 0 (not in the chapter; the paper's 5.4 uses 0.1) trains against
+    ``(1 - eps) * one_hot(label) + eps / vocab``: loss ``(1 - eps) * nll + eps * mean(-log p)``.
     """
 
+    def __init__(self, label_smoothing=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.label_smoothing = label_smoothing
+
     def hybrid_forward(self, F, pred, label, valid_length):
+        """F: works imperatively and inside the fast path's hybridized graph (issue 4)."""
         weights = F.np.expand_dims(F.np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
         weights = F.npx.sequence_mask(weights, valid_length, True, axis=1)
-        return super().hybrid_forward(F, pred, label, weights)
+        if not self.label_smoothing:
+            return super().hybrid_forward(F, pred, label, weights)
+        eps = self.label_smoothing
+        log_p = F.npx.log_softmax(pred)  # (batch, seq_len, vocab)
+        nll = -F.npx.pick(log_p, label, axis=-1, keepdims=True)  # (batch, seq_len, 1)
+        smooth = -log_p.mean(axis=-1, keepdims=True)  # (batch, seq_len, 1)
+        loss = ((1 - eps) * nll + eps * smooth) * weights  # (batch, seq_len, 1)
+        return loss.mean(axis=(1, 2))  # (batch,), as SoftmaxCELoss averages
 
 
 class TrainGraph(gluon.HybridBlock):
@@ -52,16 +67,22 @@ class TrainGraph(gluon.HybridBlock):
     Holds the model's own encoder/decoder (no copied model code); returns the (batch,) loss.
     """
 
-    def __init__(self, model, **kwargs):
+    def __init__(self, model, loss=None, **kwargs):
         super().__init__(**kwargs)
         self.encoder = model.encoder
         self.decoder = model.decoder
-        self.loss = MaskedSoftmaxCELoss()
+        self.loss = loss or MaskedSoftmaxCELoss()
 
     def hybrid_forward(self, F, X, X_vlen, Y_input, Y_label, Y_vlen):
         enc_outputs = self.encoder(X, X_vlen)  # (batch, num_steps, d)
         Y_hat = self.decoder(Y_input, enc_outputs, X_vlen)  # (batch, num_steps - 1, vocab)
         return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+
+
+def _clip_global(params, theta):
+    """One-pass global-norm clipping (gluon.utils.clip_global_norm), no host sync here."""
+    grads = [p.grad().as_nd_ndarray() for p in params]  # legacy views, same memory
+    gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
 
 
 def grad_clipping(model, theta):
@@ -73,13 +94,30 @@ def grad_clipping(model, theta):
             param.grad[:] *= theta / norm
 
 
-def _clip_global(params, theta):
-    """One-pass global-norm clipping (gluon.utils.clip_global_norm), no host sync here."""
-    grads = [p.grad().as_nd_ndarray() for p in params]  # legacy views, same memory
-    gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
+class WarmupInverseSqrt(mx.lr_scheduler.LRScheduler):
+    """The paper's schedule (5.3) with its peak given: ``lr * min(step / warmup_steps,
+    sqrt(warmup_steps / step))``, linear warmup then inverse-square-root decay."""
+
+    def __init__(self, lr, warmup_steps):
+        super().__init__(base_lr=lr)
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, num_update):
+        step = max(num_update, 1)
+        return self.base_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
 
 
-def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, fast=False):
+def make_trainer(model, lr, warmup_steps=0):
+    """The chapter's Adam trainer; with ``warmup_steps > 0`` on the paper's schedule."""
+    params = {"learning_rate": lr}
+    if warmup_steps:
+        params["lr_scheduler"] = WarmupInverseSqrt(lr, warmup_steps)
+    return gluon.Trainer(model.collect_params(), "adam", params)
+
+
+def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
+                  loss=None, start_epoch=1, epoch_seed=None, on_batch=None,
+                  fast=False):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -87,16 +125,24 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, fast=Fal
     (last epoch, like the book), ``history`` ``[(epoch, loss), ...]`` every 10 epochs.
     ``on_epoch(epoch, loss)`` is called after every epoch.
 
+    Options beyond the chapter (keyword-only; the defaults are the chapter's run): ``trainer``
+    given means the model is already initialised (or loaded) and is trained as it is, with this
+    trainer; ``loss`` replaces `MaskedSoftmaxCELoss()`; epochs run from ``start_epoch``;
+    ``epoch_seed`` reseeds every RNG with ``epoch_seed + epoch`` before each epoch, so that a run
+    resumed at an epoch boundary repeats an uninterrupted one exactly; ``on_batch(epoch,
+    loss_sum, num_tokens)`` is called after every batch with the epoch's running sums.
+
     ``fast=True`` (issue 4) runs the same arithmetic as one hybridized graph
     (:class:`TrainGraph`, ``static_alloc/static_shape``), clips in one pass and reads the
     losses back once per epoch; it needs the corrected model (the graph call raises in exact
     mode). The loop below is shared: only the step function differs.
     """
-    model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
-    trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
-    loss = MaskedSoftmaxCELoss()
+    if trainer is None:
+        model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
+        trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
+    loss = loss or MaskedSoftmaxCELoss()
     if fast:
-        graph = TrainGraph(model)
+        graph = TrainGraph(model, loss)
         graph.hybridize(static_alloc=True, static_shape=True)
         params = [p for p in model.collect_params().values() if p.grad_req != "null"]
 
@@ -121,7 +167,10 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, fast=Fal
             trainer.step(num_tokens)
             return float(l.sum()), float(num_tokens)
     history = []
-    for epoch in range(1, num_epochs + 1):
+    epoch_loss, ce_sum, num_tokens_sum, elapsed = float("nan"), 0.0, 0.0, float("nan")
+    for epoch in range(start_epoch, num_epochs + 1):
+        if epoch_seed is not None:
+            set_seed(epoch_seed + epoch)
         tic = time.time()
         loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
         for batch in data_iter:
@@ -131,6 +180,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, fast=Fal
             loss_sum += batch_loss
             ce_sum += batch_loss * Y_label.shape[1]  # undo the mean over positions
             num_tokens_sum += num_tokens
+            if on_batch is not None:
+                on_batch(epoch, float(loss_sum), float(num_tokens_sum))
         loss_sum, ce_sum, num_tokens_sum = float(loss_sum), float(ce_sum), float(num_tokens_sum)
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum
@@ -140,8 +191,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, fast=Fal
             on_epoch(epoch, epoch_loss)
     return {
         "loss": epoch_loss,
-        "loss_per_token": ce_sum / num_tokens_sum,
-        "tokens_per_sec": num_tokens_sum / elapsed,
+        "loss_per_token": ce_sum / num_tokens_sum if num_tokens_sum else float("nan"),
+        "tokens_per_sec": num_tokens_sum / elapsed if num_tokens_sum else 0.0,
         "ctx": str(ctx),
         "epochs": num_epochs,
         "history": history,
