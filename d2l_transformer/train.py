@@ -6,7 +6,7 @@ import time
 
 import mxnet as mx
 import numpy as onp
-from mxnet import autograd, gluon, init, np, npx
+from mxnet import autograd, gluon, init
 
 from .config import TransformerConfig
 from .model import EncoderDecoder, TransformerDecoder, TransformerEncoder
