@@ -35,7 +35,7 @@ from .data import (  # noqa: E402
     tokenize_nmt,
     truncate_pad,
 )
-from .decode import predict_s2s_ch8  # noqa: E402
+from .decode import predict_greedy_batch, predict_s2s_ch8  # noqa: E402
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402
 from .model import (  # noqa: E402
     Decoder,
@@ -48,6 +48,7 @@ from .model import (  # noqa: E402
 )
 from .train import (  # noqa: E402
     MaskedSoftmaxCELoss,
+    TrainGraph,
     build_model,
     grad_clipping,
     set_seed,

@@ -6,7 +6,7 @@ import time
 
 import mxnet as mx
 import numpy as onp
-from mxnet import autograd, gluon, init, np, npx
+from mxnet import autograd, gluon, init
 
 from .config import TransformerConfig
 from .model import EncoderDecoder, TransformerDecoder, TransformerEncoder
@@ -47,17 +47,42 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
         super().__init__(**kwargs)
         self.label_smoothing = label_smoothing
 
-    def forward(self, pred, label, valid_length):
-        weights = np.expand_dims(np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
-        weights = npx.sequence_mask(weights, valid_length, True, axis=1)
+    def hybrid_forward(self, F, pred, label, valid_length):
+        """F: works imperatively and inside the fast path's hybridized graph (issue 4)."""
+        weights = F.np.expand_dims(F.np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
+        weights = F.npx.sequence_mask(weights, valid_length, True, axis=1)
         if not self.label_smoothing:
-            return super().forward(pred, label, weights)
+            return super().hybrid_forward(F, pred, label, weights)
         eps = self.label_smoothing
-        log_p = npx.log_softmax(pred)  # (batch, seq_len, vocab)
-        nll = -npx.pick(log_p, label, axis=-1, keepdims=True)  # (batch, seq_len, 1)
+        log_p = F.npx.log_softmax(pred)  # (batch, seq_len, vocab)
+        nll = -F.npx.pick(log_p, label, axis=-1, keepdims=True)  # (batch, seq_len, 1)
         smooth = -log_p.mean(axis=-1, keepdims=True)  # (batch, seq_len, 1)
         loss = ((1 - eps) * nll + eps * smooth) * weights  # (batch, seq_len, 1)
         return loss.mean(axis=(1, 2))  # (batch,), as SoftmaxCELoss averages
+
+
+class TrainGraph(gluon.HybridBlock):
+    """Fast path (issue 4): encoder + causal graph decoder + masked loss as ONE hybrid graph.
+
+    Holds the model's own encoder/decoder (no copied model code); returns the (batch,) loss.
+    """
+
+    def __init__(self, model, loss=None, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = model.encoder
+        self.decoder = model.decoder
+        self.loss = loss or MaskedSoftmaxCELoss()
+
+    def hybrid_forward(self, F, X, X_vlen, Y_input, Y_label, Y_vlen):
+        enc_outputs = self.encoder(X, X_vlen)  # (batch, num_steps, d)
+        Y_hat = self.decoder(Y_input, enc_outputs, X_vlen)  # (batch, num_steps - 1, vocab)
+        return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+
+
+def _clip_global(params, theta):
+    """One-pass global-norm clipping (gluon.utils.clip_global_norm), no host sync here."""
+    grads = [p.grad().as_nd_ndarray() for p in params]  # legacy views, same memory
+    gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
 
 
 def grad_clipping(model, theta):
@@ -91,7 +116,8 @@ def make_trainer(model, lr, warmup_steps=0):
 
 
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
-                  loss=None, start_epoch=1, epoch_seed=None, on_batch=None):
+                  loss=None, start_epoch=1, epoch_seed=None, on_batch=None,
+                  fast=False):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -105,11 +131,41 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     ``epoch_seed`` reseeds every RNG with ``epoch_seed + epoch`` before each epoch, so that a run
     resumed at an epoch boundary repeats an uninterrupted one exactly; ``on_batch(epoch,
     loss_sum, num_tokens)`` is called after every batch with the epoch's running sums.
+
+    ``fast=True`` (issue 4) runs the same arithmetic as one hybridized graph
+    (:class:`TrainGraph`, ``static_alloc/static_shape``), clips in one pass and reads the
+    losses back once per epoch; it needs the corrected model (the graph call raises in exact
+    mode). The loop below is shared: only the step function differs.
     """
     if trainer is None:
         model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
         trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
     loss = loss or MaskedSoftmaxCELoss()
+    if fast:
+        graph = TrainGraph(model, loss)
+        graph.hybridize(static_alloc=True, static_shape=True)
+        params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+
+        def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+            if not params[0]._data:  # deferred init in the faithful order: same weights
+                model(X, Y_input, X_vlen, Y_vlen)
+            with autograd.record():
+                l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l.backward()
+            _clip_global(params, 1)
+            num_tokens = Y_vlen.sum()
+            trainer.step(num_tokens)
+            return l.sum(), num_tokens  # stay on the device
+    else:
+        def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+            with autograd.record():
+                Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
+                l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+            l.backward()
+            grad_clipping(model, 1)
+            num_tokens = Y_vlen.sum()
+            trainer.step(num_tokens)
+            return float(l.sum()), float(num_tokens)
     history = []
     epoch_loss, ce_sum, num_tokens_sum, elapsed = float("nan"), 0.0, 0.0, float("nan")
     for epoch in range(start_epoch, num_epochs + 1):
@@ -120,19 +176,13 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         for batch in data_iter:
             X, X_vlen, Y, Y_vlen = [x.as_in_context(ctx) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
-            with autograd.record():
-                Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
-                l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
-            l.backward()
-            grad_clipping(model, 1)
-            num_tokens = Y_vlen.sum()
-            trainer.step(num_tokens)
-            batch_loss = float(l.sum())
+            batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
             loss_sum += batch_loss
             ce_sum += batch_loss * Y_label.shape[1]  # undo the mean over positions
-            num_tokens_sum += float(num_tokens)
+            num_tokens_sum += num_tokens
             if on_batch is not None:
-                on_batch(epoch, loss_sum, num_tokens_sum)
+                on_batch(epoch, float(loss_sum), float(num_tokens_sum))
+        loss_sum, ce_sum, num_tokens_sum = float(loss_sum), float(ce_sum), float(num_tokens_sum)
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum
         if epoch % 10 == 0:
