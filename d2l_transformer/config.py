@@ -19,6 +19,13 @@ class TransformerConfig:
     num_epochs: int = 100
     num_examples: int = 1000  # d2l keeps lines 0..num_examples: 1001 pairs
     exact_chapter: bool = False  # True: the book's three bugs, bit for bit
+    # issue 7 variants (defaults = the chapter); read only by train.build_model
+    pre_norm: bool = False
+    norm: str = "layer"  # "layer" or "scale" (ScaleNorm)
+    fixnorm: bool = False
+    layerdrop: float = 0.0
+    drophead: float = 0.0
+    fused_qkv: bool = False
 
     def replace(self, **changes):
         """A copy with some fields changed (the dataclass is frozen)."""
