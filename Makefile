@@ -7,14 +7,14 @@ BIN := $(VENV)/bin
 OUT ?= out
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv test demo bench notebook clean
+.PHONY: venv test demo notebook clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel Cython
-	$(PIP) install -c constraints.txt -e '.[cpu,test]'
+	$(PIP) install -c constraints.txt -e '.[cpu,test,notebook]'
 	# the d2l library the chapter called, as a test oracle only (its pins do not install on 3.11)
 	$(PIP) install --no-deps d2l==0.11.4
 	touch $@
@@ -27,6 +27,9 @@ demo: venv
 	$(BIN)/python scripts/train_chapter.py --exact-chapter --out $(OUT)/exact
 	$(BIN)/python scripts/train_chapter.py --skip-toys --out $(OUT)/corrected
 	$(BIN)/python scripts/compare.py $(OUT)/exact $(OUT)/corrected
+
+notebook: venv
+	$(BIN)/jupyter notebook notebooks/transformer.ipynb
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .ruff_cache *.egg-info

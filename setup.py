@@ -38,8 +38,8 @@ setup(
     extras_require={
         "cpu": ["mxnet==1.9.1"],
         "cu112": ["mxnet-cu112==1.9.1"] + CUDA11,
-        "test": ["pytest", "ruff", "pandas", "ipython"],  # pandas, IPython: for the d2l oracle
-        "notebook": ["jupyter", "nbclient", "ipykernel"],
+        "test": ["pytest", "ruff", "pandas", "ipython<9"],  # for the d2l oracle (IPython 9 lost set_matplotlib_formats)
+        "notebook": ["notebook", "nbclient", "nbformat", "ipykernel"],
     },
     entry_points={"console_scripts": ["d2l-transformer=d2l_transformer.cli:main"]},
 )

@@ -55,7 +55,9 @@ def masked_softmax(X, valid_length, causal=False):
         causal_mask = _causal_mask(F, X)
         mask = causal_mask if mask is None else F.np.logical_and(mask, causal_mask)
     if mask is not None:
-        X = F.np.where(mask, X, MASK_VALUE)
+        # a full-size fill, not the scalar: MXNet 1.9's where(cond, x, scalar) sends the gradient
+        # to the wrong side when cond broadcasts (measured; tests/test_attention.py guards it)
+        X = F.np.where(mask, X, F.np.full_like(X, MASK_VALUE))
     return F.npx.softmax(X)
 
 

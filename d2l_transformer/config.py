@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +18,7 @@ class TransformerConfig:
     num_steps: int = 10
     lr: float = 0.005
     num_epochs: int = 100
-    num_examples: int = 1000  # d2l keeps lines 0..num_examples: 1001 pairs
+    num_examples: Optional[int] = 1000  # d2l keeps lines 0..num_examples: 1001 pairs; None: all
     exact_chapter: bool = False  # True: the book's three bugs, bit for bit
     # issue 7 variants (defaults = the chapter); read only by train.build_model
     pre_norm: bool = False
@@ -26,6 +27,13 @@ class TransformerConfig:
     layerdrop: float = 0.0
     drophead: float = 0.0
     fused_qkv: bool = False
+    # beyond the chapter (the `full` preset); the defaults keep the chapter's run unchanged
+    min_freq: int = 3  # d2l's vocabulary threshold
+    label_smoothing: float = 0.0  # paper 5.4: 0.1
+    warmup_steps: int = 0  # > 0: linear warmup to `lr`, then lr * sqrt(warmup / step) (paper 5.3)
+    num_valid: int = 0  # held-out pairs (a fixed-seed random split of the kept pairs)
+    num_test: int = 0
+    num_buckets: int = 0  # > 0: batches of similar lengths (gluonnlp FixedBucketSampler)
 
     def replace(self, **changes):
         """A copy with some fields changed (the dataclass is frozen)."""
@@ -48,4 +56,12 @@ class TransformerConfig:
 CHAPTER = TransformerConfig()
 TINY = TransformerConfig(embedding_size=16, ffn_hidden_size=32, num_heads=2, num_layers=1,
                          batch_size=16, num_epochs=3, num_examples=200)
-PRESETS = {"chapter": CHAPTER, "tiny": TINY}
+# All ~167k pairs, sized for about an hour on a 2-core CPU (see README "Issue 5")
+FULL = TransformerConfig(embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2,
+                         dropout=0.1, batch_size=256, num_steps=30, lr=0.002, num_epochs=3,
+                         num_examples=None, min_freq=10, label_smoothing=0.1, warmup_steps=400,
+                         num_valid=2000, num_test=2000, num_buckets=10)
+# The paper's base model (Vaswani et al. 2017, Table 3), for a GPU
+FULL_GPU = FULL.replace(embedding_size=512, ffn_hidden_size=2048, num_heads=8, num_layers=6,
+                        batch_size=256, lr=0.0007, num_epochs=30, min_freq=3, warmup_steps=4000)
+PRESETS = {"chapter": CHAPTER, "tiny": TINY, "full": FULL, "full_gpu": FULL_GPU}

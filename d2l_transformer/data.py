@@ -7,8 +7,10 @@ sits in.
 
 import collections
 import os
+import warnings
 import zipfile
 
+import numpy as onp
 from mxnet import gluon, np
 
 RESERVED_TOKENS = ["<pad>", "<bos>", "<eos>"]
@@ -56,10 +58,17 @@ def preprocess_nmt(text):
 
 def tokenize_nmt(text, num_examples=None):
     """Split lines into (source tokens, target tokens); keeps lines 0..num_examples (d2l)."""
+    return tokenize_nmt_lines(text, 0, num_examples + 1 if num_examples else None)
+
+
+def tokenize_nmt_lines(text, start=0, stop=None):
+    """`tokenize_nmt` for the lines ``start <= i < stop`` of the text (all after start if None)."""
     source, target = [], []
     for i, line in enumerate(text.split("\n")):
-        if num_examples and i > num_examples:
+        if stop is not None and i >= stop:
             break
+        if i < start:
+            continue
         parts = line.split("\t")
         if len(parts) == 2:
             source.append(parts[0].split(" "))
@@ -151,3 +160,89 @@ def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None):
     data_arrays = (src_array, src_valid_len, tgt_array, tgt_valid_len)
     data_iter = load_array(data_arrays, batch_size)
     return src_vocab, tgt_vocab, data_iter
+
+
+def heldout_nmt(src_vocab, tgt_vocab, num_examples=1000, num_heldout=None, path=None):
+    """Pairs the chapter run never trains on: lines ``num_examples + 1 ...`` of fra.txt.
+
+    Returns ``{"unfiltered": (source, target), "in_vocab": (source, target)}`` for the next
+    `num_heldout` lines (``None``: all the rest); ``in_vocab`` keeps the pairs whose every
+    source and target token is in the vocabularies (a fair test of a small-vocabulary model).
+    The split is a fixed range of lines, so it is the same on every machine and every run.
+    """
+    text = preprocess_nmt(read_data_nmt(path))
+    start = num_examples + 1  # the chapter keeps lines 0..num_examples
+    stop = None if num_heldout is None else start + num_heldout
+    source, target = tokenize_nmt_lines(text, start, stop)
+    keep = [i for i in range(len(source))
+            if src_vocab.unk not in src_vocab[source[i]] and tgt_vocab.unk not in tgt_vocab[target[i]]]
+    return {"unfiltered": (source, target),
+            "in_vocab": ([source[i] for i in keep], [target[i] for i in keep])}
+
+
+def split_pairs(source, target, num_valid, num_test, seed=0):
+    """A deterministic random (train, valid, test) split of parallel lists (a fixed-seed
+    permutation, independent of the global RNGs). Each part is ``(source, target)``."""
+    order = onp.random.RandomState(seed).permutation(len(source))
+    parts = (order[num_valid + num_test:], order[:num_valid], order[num_valid:num_valid + num_test])
+    return tuple(([source[i] for i in idx], [target[i] for i in idx]) for idx in parts)
+
+
+class _PadBatch:
+    """Batchify ``[(src_ids, tgt_ids), ...]`` into ``(X, X_valid_len, Y, Y_valid_len)`` padded
+    to the longest in the batch (gluonnlp's Pad, converted to numpy-mode arrays)."""
+
+    def __init__(self, pad):
+        from gluonnlp.data import batchify
+        pad_fn = batchify.Pad(pad_val=pad, ret_length=True, dtype="float32")
+        self.fn = batchify.Tuple(pad_fn, pad_fn)
+
+    def __call__(self, samples):
+        (X, X_len), (Y, Y_len) = self.fn(samples)  # X: (batch, max_src_len), X_len: (batch,)
+        return tuple(a.as_np_ndarray().astype("float32") for a in (X, X_len, Y, Y_len))
+
+
+def load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
+                  shuffle=True):
+    """A DataLoader of batches of similar lengths (gluonnlp FixedBucketSampler), each padded to
+    its own longest sentence instead of `num_steps`. Sentences are cut at `num_steps` tokens
+    (targets counting <bos> and <eos>) as `build_array` does; batches are those of
+    `load_data_nmt`: ``(X, X_valid_len, Y, Y_valid_len)``."""
+    from gluonnlp.data import FixedBucketSampler
+    bos, eos = tgt_vocab["<bos>"], tgt_vocab["<eos>"]
+    src = [src_vocab[s][:num_steps] for s in source]
+    tgt = [([bos] + tgt_vocab[t] + [eos])[:num_steps] for t in target]
+    with warnings.catch_warnings():  # small slices leave some buckets empty: not a problem
+        warnings.filterwarnings("ignore", "Some buckets are empty")
+        sampler = FixedBucketSampler([(len(s), len(t)) for s, t in zip(src, tgt)], batch_size,
+                                     num_buckets=num_buckets, shuffle=shuffle)
+    dataset = gluon.data.SimpleDataset(list(zip(src, tgt)))
+    return gluon.data.DataLoader(dataset, batch_sampler=sampler,
+                                 batchify_fn=_PadBatch(src_vocab["<pad>"]))
+
+
+SPLIT_SEED = 0  # the valid/test split is the same for every run, whatever its --seed
+
+
+def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
+                    num_test=0, num_buckets=0, path=None):
+    """`load_data_nmt` with a held-out split and optional bucketing, for corpora beyond the
+    chapter's 1001 pairs: ``(src_vocab, tgt_vocab, train_iter, valid, test)``.
+
+    The first ``num_examples + 1`` pairs (all when None) are split at random, with a fixed seed,
+    into train / `num_valid` / `num_test` pairs; the vocabularies see only the training part.
+    valid and test are ``(source tokens, target tokens)``.
+    """
+    text = preprocess_nmt(read_data_nmt(path))
+    source, target = tokenize_nmt(text, num_examples)
+    num_valid, num_test = min(num_valid, len(source) // 10), min(num_test, len(source) // 10)
+    train, valid, test = split_pairs(source, target, num_valid, num_test, SPLIT_SEED)
+    src_vocab = Vocab(train[0], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    tgt_vocab = Vocab(train[1], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    if num_buckets:
+        train_iter = load_bucketed(*train, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets)
+    else:
+        src_array, src_valid_len = build_array(train[0], src_vocab, num_steps, True)
+        tgt_array, tgt_valid_len = build_array(train[1], tgt_vocab, num_steps, False)
+        train_iter = load_array((src_array, src_valid_len, tgt_array, tgt_valid_len), batch_size)
+    return src_vocab, tgt_vocab, train_iter, valid, test

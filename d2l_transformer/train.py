@@ -42,12 +42,26 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
     pred: (batch, seq_len, vocab); label: (batch, seq_len); valid_length: (batch,).
     Returns (batch,): each sequence's loss averaged over all seq_len positions, padding
     included, which is why the book's loss is the per-token cross-entropy / seq_len.
+
+    ``label_smoothing`` = eps > 0 (not in the chapter; the paper's 5.4 uses 0.1) trains against
+    ``(1 - eps) * one_hot(label) + eps / vocab``: loss ``(1 - eps) * nll + eps * mean(-log p)``.
     """
+
+    def __init__(self, label_smoothing=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.label_smoothing = label_smoothing
 
     def forward(self, pred, label, valid_length):
         weights = np.expand_dims(np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
         weights = npx.sequence_mask(weights, valid_length, True, axis=1)
-        return super().forward(pred, label, weights)
+        if not self.label_smoothing:
+            return super().forward(pred, label, weights)
+        eps = self.label_smoothing
+        log_p = npx.log_softmax(pred)  # (batch, seq_len, vocab)
+        nll = -npx.pick(log_p, label, axis=-1, keepdims=True)  # (batch, seq_len, 1)
+        smooth = -log_p.mean(axis=-1, keepdims=True)  # (batch, seq_len, 1)
+        loss = ((1 - eps) * nll + eps * smooth) * weights  # (batch, seq_len, 1)
+        return loss.mean(axis=(1, 2))  # (batch,), as SoftmaxCELoss averages
 
 
 def grad_clipping(model, theta):
@@ -59,19 +73,52 @@ def grad_clipping(model, theta):
             param.grad[:] *= theta / norm
 
 
-def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None):
+class WarmupInverseSqrt(mx.lr_scheduler.LRScheduler):
+    """The paper's schedule (5.3) with its peak given: ``lr * min(step / warmup_steps,
+    sqrt(warmup_steps / step))``, linear warmup then inverse-square-root decay."""
+
+    def __init__(self, lr, warmup_steps):
+        super().__init__(base_lr=lr)
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, num_update):
+        step = max(num_update, 1)
+        return self.base_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
+
+
+def make_trainer(model, lr, warmup_steps=0):
+    """The chapter's Adam trainer; with ``warmup_steps > 0`` on the paper's schedule."""
+    params = {"learning_rate": lr}
+    if warmup_steps:
+        params["lr_scheduler"] = WarmupInverseSqrt(lr, warmup_steps)
+    return gluon.Trainer(model.collect_params(), "adam", params)
+
+
+def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
+                  loss=None, start_epoch=1, epoch_seed=None, on_batch=None):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
     epoch), ``loss_per_token`` (the true cross-entropy per target token), ``tokens_per_sec``
     (last epoch, like the book), ``history`` ``[(epoch, loss), ...]`` every 10 epochs.
     ``on_epoch(epoch, loss)`` is called after every epoch.
+
+    Options beyond the chapter (keyword-only; the defaults are the chapter's run): ``trainer``
+    given means the model is already initialised (or loaded) and is trained as it is, with this
+    trainer; ``loss`` replaces `MaskedSoftmaxCELoss()`; epochs run from ``start_epoch``;
+    ``epoch_seed`` reseeds every RNG with ``epoch_seed + epoch`` before each epoch, so that a run
+    resumed at an epoch boundary repeats an uninterrupted one exactly; ``on_batch(epoch,
+    loss_sum, num_tokens)`` is called after every batch with the epoch's running sums.
     """
-    model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
-    trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
-    loss = MaskedSoftmaxCELoss()
+    if trainer is None:
+        model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
+        trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
+    loss = loss or MaskedSoftmaxCELoss()
     history = []
-    for epoch in range(1, num_epochs + 1):
+    epoch_loss, ce_sum, num_tokens_sum, elapsed = float("nan"), 0.0, 0.0, float("nan")
+    for epoch in range(start_epoch, num_epochs + 1):
+        if epoch_seed is not None:
+            set_seed(epoch_seed + epoch)
         tic = time.time()
         loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
         for batch in data_iter:
@@ -88,6 +135,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None):
             loss_sum += batch_loss
             ce_sum += batch_loss * Y_label.shape[1]  # undo the mean over positions
             num_tokens_sum += float(num_tokens)
+            if on_batch is not None:
+                on_batch(epoch, loss_sum, num_tokens_sum)
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum
         if epoch % 10 == 0:
@@ -96,8 +145,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None):
             on_epoch(epoch, epoch_loss)
     return {
         "loss": epoch_loss,
-        "loss_per_token": ce_sum / num_tokens_sum,
-        "tokens_per_sec": num_tokens_sum / elapsed,
+        "loss_per_token": ce_sum / num_tokens_sum if num_tokens_sum else float("nan"),
+        "tokens_per_sec": num_tokens_sum / elapsed if num_tokens_sum else 0.0,
         "ctx": str(ctx),
         "epochs": num_epochs,
         "history": history,

@@ -1,0 +1,48 @@
+"""Shared helpers: seeds, the dataset, and copying weights between our blocks and the book's."""
+
+import os
+
+import mxnet as mx
+import numpy as onp
+import pytest
+
+import d2l_transformer as d2t
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def trainable(block):
+    """The block's learnable parameters in registration order (the book's P is no parameter)."""
+    return [p for p in block.collect_params().values() if p.grad_req != "null"]
+
+
+def copy_params(src, dst):
+    """Give `dst` the weights of `src` (same architecture, both already initialised and run)."""
+    src_params, dst_params = trainable(src), trainable(dst)
+    assert len(src_params) == len(dst_params)
+    for s, d in zip(src_params, dst_params):
+        assert s.shape == d.shape, (s.name, s.shape, d.name, d.shape)
+        d.set_data(s.data())
+
+
+def assert_close(a, b, tol=1e-5):
+    a = a.asnumpy() if hasattr(a, "asnumpy") else onp.asarray(a)
+    b = b.asnumpy() if hasattr(b, "asnumpy") else onp.asarray(b)
+    assert a.shape == b.shape
+    onp.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    d2t.set_seed(0)
+
+
+@pytest.fixture(scope="session")
+def nmt():
+    """The chapter's data: (src_vocab, tgt_vocab, data_iter) with batch 64, num_steps 10."""
+    return d2t.load_data_nmt(64, 10)
+
+
+@pytest.fixture(scope="session")
+def ctx():
+    return mx.cpu()

@@ -1,0 +1,111 @@
+"""Model directories: save -> load gives the same translations; damage fails in one line."""
+
+import json
+import os
+
+import mxnet as mx
+import pytest
+from mxnet import np
+
+import d2l_transformer as d2t
+from d2l_transformer import checkpoint
+from d2l_transformer.checkpoint import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d2t.set_seed(0)
+    cfg = d2t.TINY.replace(num_epochs=2)
+    src_vocab, tgt_vocab, data_iter = d2t.load_data_nmt(cfg.batch_size, cfg.num_steps,
+                                                        cfg.num_examples)
+    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+    summary = d2t.train_s2s_ch8(model, data_iter, cfg.lr, cfg.num_epochs, mx.cpu())
+    directory = str(tmp_path_factory.mktemp("ck") / "model")
+    checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, summary)
+    return model, src_vocab, tgt_vocab, cfg, summary, directory
+
+
+def _copy(src, tmp_path):
+    dst = str(tmp_path / "copy")
+    os.makedirs(dst)
+    for name in os.listdir(src):
+        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+            g.write(f.read())
+    return dst
+
+
+def test_save_load_same_translations(trained):
+    model, src_vocab, tgt_vocab, cfg, summary, directory = trained
+    assert sorted(os.listdir(directory)) == ["config.json", "manifest.json", "params.params",
+                                            "src_vocab.json", "summary.json", "tgt_vocab.json"]
+    model2, src2, tgt2, cfg2, summary2 = checkpoint.load(directory)
+    assert cfg2 == cfg and summary2["loss"] == summary["loss"]
+    assert src2.idx_to_token == src_vocab.idx_to_token and tgt2.idx_to_token == tgt_vocab.idx_to_token
+    sentences = ["go .", "i lost .", "i won !", "he's calm .", "wow !", "i'm home ."]
+    ours = [d2t.predict_s2s_ch8(model, s, src_vocab, tgt_vocab, cfg.num_steps, mx.cpu())
+            for s in sentences]
+    theirs = [d2t.predict_s2s_ch8(model2, s, src2, tgt2, cfg.num_steps, mx.cpu()) for s in sentences]
+    assert ours == theirs
+    X = np.array([[5, 6, 7, 1], [8, 4, 1, 1]])  # and the logits are bit-identical
+    valid_length = np.array([3, 2])
+    assert (model(X, X, valid_length)[0] == model2(X, X, valid_length)[0]).all()
+
+
+def test_save_replaces_atomically(trained, tmp_path, monkeypatch):
+    model, src_vocab, tgt_vocab, cfg, _, _ = trained
+    directory = str(tmp_path / "m")
+    checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 1})
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # the save is interrupted half-way, after the params
+    monkeypatch.setattr(checkpoint, "_write_text", crash)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 2})
+    assert os.listdir(tmp_path) == ["m"]  # no temporary directory left behind
+    assert checkpoint.load(directory)[4] == {"run": 1}  # the previous model, whole
+
+
+def test_truncated_params_fail_cleanly(trained, tmp_path):
+    directory = _copy(trained[5], tmp_path)
+    path = os.path.join(directory, "params.params")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CheckpointError, match=r"params.params is damaged or truncated") as e:
+        checkpoint.load(directory)
+    assert "\n" not in str(e.value)
+    os.remove(os.path.join(directory, "manifest.json"))  # no manifest: not a model directory
+    with pytest.raises(CheckpointError, match="has no manifest.json"):
+        checkpoint.load(directory)
+
+
+def test_mismatched_vocab_or_config_fails_in_one_line(trained, tmp_path):
+    model, src_vocab, tgt_vocab, cfg, summary, _ = trained
+    bigger = d2t.Vocab.from_dict({"idx_to_token": src_vocab.idx_to_token + ["zzz"]})
+    for args, pattern in [((bigger, tgt_vocab, cfg), r"encoder.embed.weight is \(43, 16\) in "
+                                                      r"params.params but \(44, 16\)"),
+                          ((src_vocab, tgt_vocab, cfg.replace(ffn_hidden_size=24)), "ffn")]:
+        directory = str(tmp_path / f"bad{len(pattern)}")
+        checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, summary)
+        # overwrite vocabulary / config, keeping the manifest consistent: a wrong *pairing*
+        checkpoint.save(directory + "-other", model, *args, summary)
+        for name in ("src_vocab.json", "config.json", "manifest.json"):
+            os.replace(os.path.join(directory + "-other", name), os.path.join(directory, name))
+        with open(os.path.join(directory, "manifest.json")) as f:
+            manifest = json.load(f)
+        from d2l_transformer.checkpoint import _sha256  # the params hash is the real one
+        manifest["params.params"]["sha256"] = _sha256(os.path.join(directory, "params.params"))
+        with open(os.path.join(directory, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+        with pytest.raises(CheckpointError, match=pattern) as e:
+            checkpoint.load(directory)
+        assert "\n" not in str(e.value)
+
+
+def test_missing_directory_and_files(tmp_path, trained):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.load(str(tmp_path / "nope"))
+    directory = _copy(trained[5], tmp_path)
+    os.remove(os.path.join(directory, "tgt_vocab.json"))
+    with pytest.raises(CheckpointError, match="tgt_vocab.json is missing"):
+        checkpoint.load(directory)

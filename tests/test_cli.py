@@ -1,0 +1,109 @@
+"""The `d2l-transformer` console script: training with checkpoints and --resume, translating
+(bad input: one line each, the rest continues), evaluating, comparing."""
+
+import io
+import os
+import subprocess
+import sys
+import types
+
+import mxnet as mx
+import pytest
+
+from d2l_transformer import cli
+
+TRAIN = ["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("cli") / "model")
+    assert cli.main(TRAIN + ["--epochs", "3", "--out", out]) == 0
+    return out
+
+
+def _stdin(monkeypatch, data):
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
+
+
+def test_resume_ends_with_the_same_parameters(tmp_path, capsys):
+    whole, part = str(tmp_path / "whole"), str(tmp_path / "part")
+    assert cli.main(TRAIN + ["--epochs", "4", "--out", whole]) == 0
+    assert cli.main(TRAIN + ["--epochs", "4", "--out", part, "--checkpoint-every", "2",
+                             "--stop-after", "3"]) == 0  # stops after 3, last checkpoint: 2
+    assert "stopped after epoch 3" in capsys.readouterr().err
+    assert cli.main(TRAIN + ["--epochs", "4", "--out", part, "--resume"]) == 0
+    assert "from epoch 3" in capsys.readouterr().err
+    a = mx.nd.load(os.path.join(whole, "params.params"))
+    b = mx.nd.load(os.path.join(part, "params.params"))
+    assert sorted(a) == sorted(b)
+    assert all((a[k] == b[k]).asnumpy().all() for k in a)
+    assert mx.nd.load(os.path.join(whole, "params.params"))  # sanity: the file is real
+    # a different seed is refused rather than silently mixing runs
+    assert cli.main(TRAIN[:-1] + ["4", "--epochs", "5", "--out", part, "--resume"]) == 2
+    assert "trained with --seed 3, not 4" in capsys.readouterr().err
+
+
+def test_translate_arguments_and_heatmaps(model_dir, tmp_path, capsys):
+    att = str(tmp_path / "att")
+    assert cli.main(["translate", "--model", model_dir, "I won!", "Go.", "--beam", "4",
+                     "--attention", att]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(out)
+    assert sorted(os.listdir(att)) == ["attention_decoder.png", "attention_encoder-decoder.png",
+                                       "attention_encoder.png"]
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"go .\n\nhi .\n", "line 2: empty line; skipped"),
+    (b"go .\nzzz qqq\nhi .\n", "line 2: no word of it is in the model's vocabulary; skipped"),
+    (b"go .\n" + b"go " * 1001 + b"\nhi .\n", "line 2: 1001 tokens, longer than the model's 1000"),
+    (b"go .\n\xff\xfe go\nhi .\n", "line 2: not UTF-8 (invalid start byte at byte 0); skipped"),
+])
+def test_translate_bad_lines_are_skipped(model_dir, monkeypatch, capsys, data, message):
+    _stdin(monkeypatch, data)
+    assert cli.main(["translate", "--model", model_dir]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"error: {message}" or \
+        captured.err.strip().startswith(f"error: {message}")
+    assert len(captured.err.strip().splitlines()) == 1
+    out = captured.out.split("\n")[:3]  # one output line per input line, the bad one empty
+    assert out[0] and out[1] == "" and out[2]
+
+
+def test_missing_model_dir_and_bad_options(tmp_path, capsys):
+    assert cli.main(["translate", "--model", str(tmp_path / "nope"), "go ."]) == 2
+    assert capsys.readouterr().err.strip() == f"error: model directory {tmp_path / 'nope'} does not exist"
+    assert cli.main(["translate", "--model", str(tmp_path), "--beam", "0", "go ."]) == 2
+    assert cli.main(["train", "--preset", "tiny", "--ctx", "gpu:3", "--out", str(tmp_path)]) == 2
+    assert cli.main(["compare", str(tmp_path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 3
+
+
+def test_evaluate_and_compare(model_dir, capsys):
+    assert cli.main(["evaluate", "--model", model_dir, "--max-sentences", "20", "--beam", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "[greedy] go . => " in out and "bleu " in out
+    assert "held-out: lines 201.. of fra.txt: 166929 pairs" in out
+    assert "training pairs (20 of 201): greedy:" in out and "beam 2:" in out
+    assert cli.main(["compare", model_dir]) == 0
+    table = capsys.readouterr().out
+    assert "loss (book units)" in table and "Go ." in table
+
+
+def test_full_preset_tiny_slice(tmp_path, capsys):
+    """The full preset's code path (split, buckets, smoothing, warmup) on 600 pairs."""
+    out = str(tmp_path / "full")
+    assert cli.main(["train", "--preset", "full", "--max-pairs", "600", "--epochs", "1",
+                     "--ctx", "cpu", "--quiet", "--out", out]) == 0
+    assert cli.main(["evaluate", "--model", out, "--max-sentences", "10", "--beam", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "valid (10 of 60)" in text and "test (10 of 60)" in text
+
+
+def test_console_script_no_traceback(tmp_path):
+    """The installed entry point: one line on stderr and a non-zero exit."""
+    exe = os.path.join(os.path.dirname(sys.executable), "d2l-transformer")
+    r = subprocess.run([exe, "translate", "--model", str(tmp_path / "x"), "go ."],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

@@ -1,0 +1,26 @@
+"""The cu112 extra's CUDA libraries are found and put in dependency order (no GPU needed)."""
+
+import sys
+
+from d2l_transformer import _cuda
+
+
+def test_nvidia_libraries_found_in_load_order(tmp_path, monkeypatch):
+    for name, libs in {"cudnn": ["libcudnn_ops_infer.so.8", "libcudnn.so.8"],
+                       "cublas": ["libcublas.so.11", "libcublasLt.so.11"],
+                       "cuda_runtime": ["libcudart.so.11.0"]}.items():
+        d = tmp_path / "nvidia" / name / "lib"
+        d.mkdir(parents=True)
+        for lib in libs:
+            (d / lib).write_bytes(b"not a real library")
+    (tmp_path / "nvidia" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    names = [p.rsplit("/", 1)[1] for p in _cuda.nvidia_library_paths()]
+    assert names == ["libcudart.so.11.0", "libcublasLt.so.11", "libcublas.so.11",
+                     "libcudnn.so.8", "libcudnn_ops_infer.so.8"]
+    assert _cuda.preload() == 0  # fake files do not load, and that is not an error
+
+
+def test_cpu_install_has_nothing_to_preload():
+    assert _cuda.nvidia_library_paths() == [] and _cuda.preload() == 0

@@ -1,0 +1,75 @@
+"""The dataset pipeline, against the d2l library the chapter called, and its error messages."""
+
+import zipfile
+
+import d2l
+import pytest
+
+import d2l_transformer as d2t
+from d2l_transformer.data import DataError
+
+
+@pytest.fixture(scope="module")
+def text():
+    return d2t.read_data_nmt()
+
+
+def test_chapter_counts(nmt):
+    src_vocab, tgt_vocab, data_iter = nmt
+    assert (len(src_vocab), len(tgt_vocab), len(data_iter._dataset)) == (180, 162, 1001)
+    assert src_vocab.to_tokens([0, 1, 2, 3]) == ["<unk>", "<pad>", "<bos>", "<eos>"]
+    assert src_vocab["."] == 4 and src_vocab["go"] == src_vocab.token_to_idx["go"]
+    assert tgt_vocab["va"] == tgt_vocab.token_to_idx["va"] and tgt_vocab["zzz-unseen"] == 0
+
+
+def test_pipeline_equals_d2l(text):
+    pre = d2t.preprocess_nmt(text[:50000])
+    assert pre == d2l.preprocess_nmt(text[:50000])
+    src, tgt = d2t.tokenize_nmt(pre, 1000)
+    assert (src, tgt) == d2l.tokenize_nmt(pre, 1000) and len(src) == 1001
+    for tokens in (src, tgt):
+        ours = d2t.Vocab(tokens, min_freq=3, reserved_tokens=["<pad>", "<bos>", "<eos>"])
+        theirs = d2l.Vocab(tokens, min_freq=3, reserved_tokens=["<pad>", "<bos>", "<eos>"])
+        assert ours.idx_to_token == theirs.idx_to_token
+        assert ours.token_freqs == theirs.token_freqs
+    assert d2t.truncate_pad([5, 6, 7], 2, 1) == d2l.truncate_pad([5, 6, 7], 2, 1) == [5, 6]
+    assert d2t.truncate_pad([5], 3, 1) == d2l.truncate_pad([5], 3, 1) == [5, 1, 1]
+    for is_source in (True, False):
+        a, av = d2t.build_array(tgt, ours, 10, is_source)
+        b, bv = d2l.build_array(tgt, ours, 10, is_source)
+        assert (a == b).all() and (av == bv).all()
+    array, valid = d2t.build_array(tgt[:1], ours, 10, False)
+    assert array[0, 0] == ours["<bos>"] and int(valid[0]) == len(tgt[0]) + 2
+
+
+def test_vocab_round_trip():
+    v = d2t.Vocab([["a", "b", "b"]], reserved_tokens=["<pad>"])
+    w = d2t.Vocab.from_dict(v.to_dict())
+    assert w.idx_to_token == v.idx_to_token and w["b"] == v["b"]
+    with pytest.raises(ValueError, match="malformed"):
+        d2t.Vocab.from_dict({"idx_to_token": ["<unk>", "a", "a"]})
+
+
+def test_missing_zip_is_one_clear_line(tmp_path):
+    path = tmp_path / "nope.zip"
+    with pytest.raises(DataError) as e:
+        d2t.read_data_nmt(str(path))
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_damaged_zip_is_one_clear_line(tmp_path):
+    bad = tmp_path / "fra-eng.zip"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(DataError, match="damaged"):
+        d2t.read_data_nmt(str(bad))
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("x.txt", "hi")
+    with pytest.raises(DataError, match="has no fra-eng/fra.txt"):
+        d2t.read_data_nmt(str(other))
+
+
+def test_env_variable_points_at_the_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("D2L_TRANSFORMER_DATA", str(tmp_path / "elsewhere.zip"))
+    with pytest.raises(DataError, match="elsewhere.zip"):
+        d2t.load_data_nmt(64, 10)

@@ -1,0 +1,147 @@
+"""9.3.5-9.3.6: encoder and decoder, against the book's code; the three chapter bugs; caching."""
+
+import chapter_reference as book
+import numpy as onp
+import pytest
+from conftest import assert_close, copy_params
+from mxnet import autograd, np
+
+import d2l_transformer as d2t
+
+
+def test_toy_shapes():
+    X, vl = np.ones((2, 100, 24)), np.array([2, 3])
+    encoder_blk = d2t.EncoderBlock(24, 48, 8, 0.5)
+    encoder_blk.initialize()
+    assert encoder_blk(X, vl).shape == (2, 100, 24)
+    encoder = d2t.TransformerEncoder(200, 24, 48, 8, 2, 0.5)
+    encoder.initialize()
+    assert encoder(np.ones((2, 100)), vl).shape == (2, 100, 24)
+    decoder_blk = d2t.DecoderBlock(24, 48, 8, 0.5, 0)
+    decoder_blk.initialize()
+    state = [encoder_blk(X, vl), vl, [None]]
+    out, state = decoder_blk(X, state)
+    assert out.shape == (2, 100, 24) and state[2][0].shape == (2, 100, 24)
+    assert list(decoder_blk._children) == ["attention_1", "addnorm_1", "attention_2", "addnorm_2",
+                                           "ffn", "addnorm_3"]
+
+
+V_SRC, V_TGT, D, FFN, HEADS, LAYERS = 30, 20, 16, 32, 4, 2
+
+
+def _models(exact, v_tgt=V_TGT):
+    """Ours and the book's encoder-decoder with identical weights."""
+    cfg = d2t.TINY.replace(embedding_size=D, ffn_hidden_size=FFN, num_heads=HEADS,
+                           num_layers=LAYERS, dropout=0.0, exact_chapter=exact)
+    ours = d2t.build_model(cfg, V_SRC, v_tgt)
+    vocab_out = V_SRC if exact else v_tgt
+    theirs = d2t.EncoderDecoder(book.TransformerEncoder(V_SRC, D, FFN, HEADS, LAYERS, 0.0),
+                                book.TransformerDecoder(vocab_out, D, FFN, HEADS, LAYERS, 0.0))
+    X, Y, xl, yl = _batch()
+    for m in (ours, theirs):
+        m.initialize()
+        m(X, Y, xl, yl)
+    copy_params(theirs, ours)
+    return ours, theirs
+
+
+def _batch():
+    X = np.array(onp.random.RandomState(1).randint(0, V_SRC, size=(3, 6)))
+    Y = np.array(onp.random.RandomState(2).randint(0, V_TGT, size=(3, 5)))
+    return X, Y, np.array([6, 2, 4]), np.array([5, 3, 1])
+
+
+def test_exact_mode_equals_the_book_in_training():
+    ours, theirs = _models(exact=True)
+    X, Y, xl, yl = _batch()
+    with autograd.record():
+        a, _ = ours(X, Y, xl, yl)
+        b, _ = theirs(X, Y, xl, yl)
+    assert_close(a, b, tol=0)
+
+
+def test_bug1_exact_decoder_has_source_vocabulary_size():
+    exact, _ = _models(exact=True)
+    fixed, _ = _models(exact=False)
+    assert exact.decoder.dense.weight.shape[0] == V_SRC
+    assert fixed.decoder.dense.weight.shape[0] == V_TGT
+
+
+def _incremental(model, X, xl, Y):
+    """Feed the target one token at a time through the cached state, as prediction does."""
+    enc = model.encoder(X, xl)
+    state = model.decoder.init_state(enc, xl)
+    outs = []
+    for t in range(Y.shape[1]):
+        out, state = model.decoder(Y[:, t:t + 1], state)
+        outs.append(out)
+    return np.concatenate(outs, axis=1), state
+
+
+def test_bug3_exact_mode_restarts_positions_like_the_book():
+    ours, theirs = _models(exact=True)
+    X, Y, xl, _ = _batch()
+    a, _ = _incremental(ours, X, xl, Y)
+    b, _ = _incremental(theirs, X, xl, Y)
+    assert_close(a, b, tol=0)
+    with autograd.record():  # training sees positions 0, 1, 2, ...: not what prediction saw
+        full, _ = ours(X, Y, xl, np.array([5, 5, 5]))
+    assert not onp.allclose(a.asnumpy(), full.asnumpy(), atol=1e-3)
+
+
+def test_incremental_decoding_equals_one_causal_forward():
+    ours, _ = _models(exact=False)
+    X, Y, xl, _ = _batch()
+    inc, state = _incremental(ours, X, xl, Y)
+    full, _ = ours(X, Y, xl)  # eval mode: the corrected decoder is causal anyway
+    assert_close(inc, full, tol=1e-5)
+    assert state[2][0].shape == (3, 5, D) and len(state[2]) == LAYERS
+    graph = ours.decoder(Y, ours.encoder(X, xl), xl)  # the stateless graph call
+    assert_close(graph, full, tol=1e-5)
+
+
+def test_causality_future_tokens_do_not_change_earlier_outputs():
+    ours, _ = _models(exact=False)
+    X, Y, xl, _ = _batch()
+    Y2 = Y.copy()
+    Y2[:, 3:] = (Y2[:, 3:] + 1) % V_TGT
+    a, _ = ours(X, Y, xl)
+    b, _ = ours(X, Y2, xl)
+    assert_close(a[:, :3], b[:, :3], tol=1e-6)
+    assert not onp.allclose(a[:, 3:].asnumpy(), b[:, 3:].asnumpy())
+
+
+def test_fixes_change_nothing_else():
+    """One example, equal vocabularies, no cache: no bug can show, so fixed == the book."""
+    ours, theirs = _models(exact=False, v_tgt=V_SRC)
+    X, Y, xl, yl = _batch()
+    with autograd.record():
+        a, _ = ours(X[:1], Y[:1], xl[:1], yl[:1])
+        b, _ = theirs(X[:1], Y[:1], xl[:1], yl[:1])
+    assert_close(a, b, tol=1e-6)
+
+
+def test_hybridized_model_equals_imperative():
+    ours, _ = _models(exact=False)
+    X, Y, xl, _ = _batch()
+    enc = ours.encoder(X, xl)
+    expected = ours.decoder(Y, enc, xl)
+    ours.encoder.hybridize(static_alloc=True, static_shape=True)
+    ours.decoder.hybridize(static_alloc=True, static_shape=True)
+    for _ in range(2):  # first call builds the graph, second reuses it
+        assert_close(ours.decoder(Y, ours.encoder(X, xl), xl), expected, tol=1e-5)
+
+
+def test_graph_call_refuses_exact_mode():
+    exact, _ = _models(exact=True)
+    X, Y, xl, _ = _batch()
+    with pytest.raises(ValueError, match="exact_chapter"):
+        exact.decoder(Y, exact.encoder(X, xl), xl)
+
+
+def test_too_long_target_is_a_clear_error():
+    ours, _ = _models(exact=False)
+    X, _, xl, _ = _batch()
+    state = ours.decoder.init_state(ours.encoder(X, xl), xl)
+    with pytest.raises(ValueError, match="longer than the model's 1000 positions"):
+        ours.decoder(np.zeros((3, 1001)), state)
