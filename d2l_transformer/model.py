@@ -66,6 +66,11 @@ class _BlockStack:
         self.layerdrop = nn.Dropout(layerdrop) if layerdrop > 0 else None
         self.final_norm = make_norm(norm, self.embedding_size) if pre_norm else None
 
+    def prune(self, layers_to_keep):
+        """Run only these block indices from now on (LayerDrop's inference pruning); None: all."""
+        self.layers_to_keep = None if layers_to_keep is None else list(layers_to_keep)
+        self._clear_cached_op()
+
     def _active_blocks(self):
         keep = self.layers_to_keep
         return [b for i, b in enumerate(self.blks) if keep is None or i in keep]
