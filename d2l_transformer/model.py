@@ -20,7 +20,7 @@ import math
 from mxnet import autograd, np
 from mxnet.gluon import nn
 
-from .attention import MultiHeadAttention, _F
+from .attention import _F, MultiHeadAttention
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, make_norm
 
 
