@@ -38,3 +38,30 @@ def average_checkpoints(paths, out_path, last=None):
         if os.path.exists(tmp):
             os.remove(tmp)
     return paths
+
+
+def average_model_dirs(directories, out_dir, last=None):
+    """Average the last `last` model directories (issue 5's `checkpoint.save` format, oldest
+    first) into a new model directory `out_dir`, with the newest one's vocabularies and config.
+
+    Every input is loaded (and so validated) by `checkpoint.load` first; the output is written
+    atomically by `checkpoint.save`. Returns `out_dir`.
+    """
+    from . import checkpoint  # a higher module: only needed here
+
+    directories = list(directories)[-last:] if last else list(directories)
+    if not directories:
+        raise ValueError("no model directories to average")
+    for d in directories:
+        checkpoint.load(d)
+    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(directories[-1])
+    averaged = average_params([os.path.join(d, checkpoint.PARAMS) for d in directories])
+    fd, tmp = tempfile.mkstemp(suffix=".params")
+    os.close(fd)
+    try:
+        mx.nd.save(tmp, averaged)
+        model.load_parameters(tmp)
+    finally:
+        os.remove(tmp)
+    summary = dict(summary, averaged_from=[os.path.abspath(d) for d in directories])
+    return checkpoint.save(out_dir, model, src_vocab, tgt_vocab, cfg, summary)

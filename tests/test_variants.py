@@ -243,3 +243,25 @@ def test_classifier_above_chance(ctx):
     summary = train_classifier(model, train_iter, 0.005, 2, ctx)
     assert summary["train_acc"] > 0.7
     assert accuracy(model, *test) > 0.8  # chance is 0.5 (balanced: both sides of each pair)
+
+
+def test_average_model_dirs(tmp_path):
+    from d2l_transformer import checkpoint
+    from d2l_transformer.averaging import average_model_dirs
+    src_vocab = tgt_vocab = d2t.Vocab([["a", "b"]], reserved_tokens=d2t.data.RESERVED_TOKENS)
+    dirs = []
+    for seed in (1, 2):
+        mx.random.seed(seed)
+        model = d2t.build_model(CFG, len(src_vocab), len(tgt_vocab))
+        model.initialize()
+        X = np.zeros((1, 3))
+        model(X, X, np.array([3]), np.array([3]))
+        dirs.append(checkpoint.save(str(tmp_path / f"m{seed}"), model, src_vocab, tgt_vocab, CFG))
+    out = average_model_dirs(dirs, str(tmp_path / "avg"))
+    model, *_ = checkpoint.load(out)
+    a, b = (mx.nd.load(str(tmp_path / f"m{s}" / checkpoint.PARAMS)) for s in (1, 2))
+    got = {k: v.data() for k, v in model._collect_params_with_prefix().items()}
+    assert set(a) <= set(got) and len(a) > 10
+    for name, value in got.items():
+        if name in a:
+            assert_close(value, (a[name].asnumpy() + b[name].asnumpy()) / 2, tol=1e-6)
