@@ -56,7 +56,8 @@ def main():
         b = corpus_bleu(hyps, [" ".join(r) for r in ref]).score
         rows.append((name, s["loss"], s["loss_per_token"], b, s["tokens_per_sec"]))
         plt.plot([e for e, _ in curve], [v for _, v in curve], label=name)
-        print(f"{name}: loss {s['loss']:.4f}", flush=True)
+        print(f"| {name} | {s['loss']:.4f} | {s['loss_per_token']:.3f} | {b:.1f} | "
+              f"{s['tokens_per_sec']:.0f} |", flush=True)
     plt.xlabel("epoch"), plt.ylabel("loss (book units)"), plt.yscale("log"), plt.legend(fontsize=7)
     plt.tight_layout()
     fig.savefig(os.path.join(args.out, "loss_curves.png"), dpi=100)
