@@ -114,29 +114,84 @@ def repeat_valid_length(valid_length, num_heads, exact_chapter=False):
 
 
 class MultiHeadAttention(nn.HybridBlock):
-    """9.3.1: project, split into heads, attend in parallel, concatenate, project (no biases)."""
+    """9.3.1: project, split into heads, attend in parallel, concatenate, project (no biases).
+
+    Variants (keyword-only, off by default): ``drophead`` > 0 drops whole heads in training,
+    survivors scaled by 1 / (1 - p) like dropout (Zhou et al. 2020); ``fused_qkv=True`` uses one
+    Dense ``W_qkv`` of width 3 * hidden_size (rows: W_q, W_k, W_v) — see `fuse_qkv_params`.
+    """
 
     def __init__(self, hidden_size, num_heads, dropout, exact_chapter=False, causal=False,
-                 **kwargs):
+                 *, drophead=0.0, fused_qkv=False, **kwargs):
         super().__init__(**kwargs)
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.exact_chapter = exact_chapter
+        self.fused_qkv = fused_qkv
         self.attention = DotProductAttention(dropout, causal=causal)
-        self.W_q = nn.Dense(hidden_size, use_bias=False, flatten=False)
-        self.W_k = nn.Dense(hidden_size, use_bias=False, flatten=False)
-        self.W_v = nn.Dense(hidden_size, use_bias=False, flatten=False)
+        # in-graph random op: drops in training (also hybridized), identity at inference
+        self.drophead = nn.Dropout(drophead) if drophead > 0 else None
+        if fused_qkv:
+            self.W_qkv = nn.Dense(3 * hidden_size, use_bias=False, flatten=False)
+        else:
+            self.W_q = nn.Dense(hidden_size, use_bias=False, flatten=False)
+            self.W_k = nn.Dense(hidden_size, use_bias=False, flatten=False)
+            self.W_v = nn.Dense(hidden_size, use_bias=False, flatten=False)
         self.W_o = nn.Dense(hidden_size, use_bias=False, flatten=False)
+
+    def set_drophead(self, rate):
+        """Change the DropHead rate (scheduled DropHead); clears a hybridized graph."""
+        if self.drophead is None:
+            raise ValueError("this attention was built without drophead")
+        self.drophead._rate = rate
+        self._clear_cached_op()
+
+    def _project(self, F, query, key, value):
+        """(query, key, value) projected: separate W_q/W_k/W_v, or one fused W_qkv."""
+        if not self.fused_qkv:
+            return self.W_q(query), self.W_k(key), self.W_v(value)
+        q, k, v = F.np.split(self.W_qkv(query), 3, axis=-1)  # each (batch, q, hidden)
+        if key is not query:  # cross-attention or a decoder cache: keys from key, values from value
+            k = F.np.split(self.W_qkv(key), 3, axis=-1)[1]
+            v = F.np.split(self.W_qkv(value), 3, axis=-1)[2]
+        return q, k, v
 
     def hybrid_forward(self, F, query, key, value, valid_length=None):
         """query: (batch, num_queries, dim); key, value: (batch, num_keys, dim);
         valid_length: None, (batch,) or (batch, num_queries). Returns (batch, num_queries, hidden_size)."""
-        query = transpose_qkv(self.W_q(query), self.num_heads)  # (batch*h, q, hidden/h)
-        key = transpose_qkv(self.W_k(key), self.num_heads)  # (batch*h, k, hidden/h)
-        value = transpose_qkv(self.W_v(value), self.num_heads)  # (batch*h, k, hidden/h)
+        query, key, value = self._project(F, query, key, value)
+        query = transpose_qkv(query, self.num_heads)  # (batch*h, q, hidden/h)
+        key = transpose_qkv(key, self.num_heads)  # (batch*h, k, hidden/h)
+        value = transpose_qkv(value, self.num_heads)  # (batch*h, k, hidden/h)
         if valid_length is not None:
             valid_length = repeat_valid_length(valid_length, self.num_heads, self.exact_chapter)
         output = self.attention(query, key, value, valid_length)  # (batch*h, q, hidden/h)
+        if self.drophead is not None:
+            # one 0 or 1/(1-p) per (example, head): (batch*h, 1, 1)
+            head_mask = F.np.ones_like(F.np.mean(output, axis=(1, 2), keepdims=True))
+            output = output * self.drophead(head_mask)
         output_concat = transpose_output(output, self.num_heads)  # (batch, q, hidden)
         return self.W_o(output_concat)
+
+
+def drophead_schedule(step, total_steps, p_max):
+    """Scheduled DropHead's V shape (Zhou et al. 2020): p_max -> 0 at mid-training -> p_max."""
+    half = total_steps / 2.0
+    return p_max * abs(step - half) / half if half > 0 else p_max
+
+
+def fuse_qkv_params(separate, fused):
+    """Copy every parameter of `separate` into `fused` (same architecture, ``fused_qkv=True``).
+
+    Parameters are matched by structural name (``blks.0.attention.W_q.weight``); the fused
+    ``W_qkv.weight`` (3*hidden, in) gets W_q, W_k, W_v stacked row-wise, so outputs are equal.
+    """
+    src = {k: v.data() for k, v in separate._collect_params_with_prefix().items()}
+    for name, param in fused._collect_params_with_prefix().items():
+        if name.endswith("W_qkv.weight"):
+            base = name[: -len("W_qkv.weight")]
+            parts = [src[base + w + ".weight"] for w in ("W_q", "W_k", "W_v")]
+            param.set_data(mx.np.concatenate(parts, axis=0))  # (3*hidden, in)
+        else:
+            param.set_data(src[name])

@@ -20,6 +20,13 @@ class TransformerConfig:
     num_epochs: int = 100
     num_examples: Optional[int] = 1000  # d2l keeps lines 0..num_examples: 1001 pairs; None: all
     exact_chapter: bool = False  # True: the book's three bugs, bit for bit
+    # issue 7 variants (defaults = the chapter); read only by train.build_model
+    pre_norm: bool = False
+    norm: str = "layer"  # "layer" or "scale" (ScaleNorm)
+    fixnorm: bool = False
+    layerdrop: float = 0.0
+    drophead: float = 0.0
+    fused_qkv: bool = False
     # beyond the chapter (the `full` preset); the defaults keep the chapter's run unchanged
     min_freq: int = 3  # d2l's vocabulary threshold
     label_smoothing: float = 0.0  # paper 5.4: 0.1

@@ -1,6 +1,6 @@
 """9.3.2-9.3.4 Position-wise FFN, add & norm, positional encoding."""
 
-from mxnet import np
+from mxnet import init, np
 from mxnet.gluon import nn
 
 
@@ -17,16 +17,55 @@ class PositionWiseFFN(nn.HybridBlock):
         return self.ffn_2(self.ffn_1(X))
 
 
-class AddNorm(nn.HybridBlock):
-    """9.3.3: residual connection then layer normalization, ``norm(dropout(Y) + X)``."""
+class ScaleNorm(nn.HybridBlock):
+    """ScaleNorm (Nguyen & Salazar 2019): ``g * x / max(||x||, eps)`` over the last axis.
 
-    def __init__(self, dropout, **kwargs):
+    One learned scalar g, initialised to sqrt(d) as in the paper when `hidden_size` is given.
+    """
+
+    def __init__(self, hidden_size=None, eps=1e-5, **kwargs):
         super().__init__(**kwargs)
+        self.eps = eps
+        g0 = 1.0 if hidden_size is None else float(hidden_size) ** 0.5
+        self.g = self.params.get("g", shape=(1,), init=init.Constant(g0))
+
+    def hybrid_forward(self, F, X, g):
+        """X: (batch, seq_len, d) -> (batch, seq_len, d)."""
+        norm = F.np.sqrt(F.np.sum(X * X, axis=-1, keepdims=True))  # (batch, seq_len, 1)
+        return g * X / F.np.maximum(norm, self.eps)
+
+
+def make_norm(norm="layer", hidden_size=None):
+    """The normalization layer: ``"layer"`` (the chapter's LayerNorm) or ``"scale"`` (ScaleNorm)."""
+    if norm == "layer":
+        return nn.LayerNorm()
+    if norm == "scale":
+        return ScaleNorm(hidden_size)
+    raise ValueError(f"unknown norm {norm!r}: expected 'layer' or 'scale'")
+
+
+class AddNorm(nn.HybridBlock):
+    """9.3.3: residual connection then layer normalization, ``norm(dropout(Y) + X)``.
+
+    Variants (keyword-only): ``pre_norm=True`` returns ``X + dropout(Y)`` and the caller
+    normalizes the sublayer's input with `prenorm` (Xiong et al. 2020); ``norm="scale"`` uses
+    ScaleNorm instead of LayerNorm.
+    """
+
+    def __init__(self, dropout, *, pre_norm=False, norm="layer", hidden_size=None, **kwargs):
+        super().__init__(**kwargs)
+        self.pre_norm = pre_norm
         self.dropout = nn.Dropout(dropout)
-        self.norm = nn.LayerNorm()
+        self.norm = make_norm(norm, hidden_size)
+
+    def prenorm(self, X):
+        """The sublayer's input: ``norm(X)`` with pre-norm, else X unchanged (chapter)."""
+        return self.norm(X) if self.pre_norm else X
 
     def hybrid_forward(self, F, X, Y):
         """X, Y: (batch, seq_len, d) -> (batch, seq_len, d)."""
+        if self.pre_norm:
+            return self.dropout(Y) + X
         return self.norm(self.dropout(Y) + X)
 
 

@@ -20,8 +20,68 @@ import math
 from mxnet import autograd, np
 from mxnet.gluon import nn
 
-from .attention import MultiHeadAttention
-from .layers import AddNorm, PositionalEncoding, PositionWiseFFN
+from .attention import _F, MultiHeadAttention
+from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, make_norm
+
+
+def _variant_kwargs(pre_norm, norm, embedding_size):
+    """AddNorm's keyword arguments for the normalization variants."""
+    return {"pre_norm": pre_norm, "norm": norm, "hidden_size": embedding_size}
+
+
+def _embed(block, X):
+    """Embedding * sqrt(d) (chapter); with FixNorm the embedding rows are unit-norm first."""
+    F = _F(X)
+    E = block.embed(X)  # (batch, seq_len, d)
+    if block.fixnorm:
+        E = E / F.np.maximum(F.np.sqrt(F.np.sum(E * E, axis=-1, keepdims=True)), 1e-5)
+    return E * math.sqrt(block.embedding_size)
+
+
+def _layer_mask(block, X):
+    """LayerDrop: (1, 1, 1) of True (run the block) or False, drawn in-graph by a dropout op
+    (identity at inference, so nothing is dropped there, hybridized or not)."""
+    F = _F(X)
+    one = F.np.ones_like(F.np.mean(X, axis=(0, 1, 2), keepdims=True))  # (1, 1, 1)
+    return block.layerdrop(one) > 0
+
+
+def every_other_layers(num_layers, r):
+    """LayerDrop's "every other" pruning (Fan et al. 2019): keep r of N blocks, dropping
+    evenly spaced ones; the matching training rate is p = 1 - r / N."""
+    if not 0 < r <= num_layers:
+        raise ValueError(f"keep r={r} blocks: need 0 < r <= num_layers={num_layers}")
+    drop = {int(i * num_layers / (num_layers - r)) + 1 for i in range(num_layers - r)} \
+        if r < num_layers else set()
+    drop = {min(d, num_layers - 1) for d in drop}
+    return [i for i in range(num_layers) if i not in drop]
+
+
+class _BlockStack:
+    """LayerDrop, inference pruning and pre-norm's final norm, shared by encoder and decoder."""
+
+    def _init_variants(self, num_layers, layerdrop, layers_to_keep, pre_norm, norm, fixnorm):
+        self.fixnorm = fixnorm
+        self.layers_to_keep = None if layers_to_keep is None else list(layers_to_keep)
+        self.layerdrop = nn.Dropout(layerdrop) if layerdrop > 0 else None
+        self.final_norm = make_norm(norm, self.embedding_size) if pre_norm else None
+
+    def prune(self, layers_to_keep):
+        """Run only these block indices from now on (LayerDrop's inference pruning); None: all."""
+        self.layers_to_keep = None if layers_to_keep is None else list(layers_to_keep)
+        self._clear_cached_op()
+
+    def _active_blocks(self):
+        keep = self.layers_to_keep
+        return [b for i, b in enumerate(self.blks) if keep is None or i in keep]
+
+    def _run_block(self, blk, X, *args):
+        """blk(X, *args), or with LayerDrop: skipped (X returned) with probability p."""
+        Y = blk(X, *args)
+        if self.layerdrop is None:
+            return Y
+        F = _F(X)
+        return F.np.where(_layer_mask(self, X), Y, X)
 
 
 class Encoder(nn.HybridBlock):
@@ -58,24 +118,36 @@ class EncoderBlock(nn.HybridBlock):
     """9.3.5: self-attention and FFN, each followed by add & norm."""
 
     def __init__(self, embedding_size, ffn_hidden_size, num_heads, dropout, exact_chapter=False,
-                 **kwargs):
+                 *, pre_norm=False, norm="layer", drophead=0.0, fused_qkv=False, **kwargs):
         super().__init__(**kwargs)
-        self.attention = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter)
-        self.addnorm_1 = AddNorm(dropout)
+        self.attention = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter,
+                                            drophead=drophead, fused_qkv=fused_qkv)
+        an = _variant_kwargs(pre_norm, norm, embedding_size)
+        self.addnorm_1 = AddNorm(dropout, **an)
         self.ffn = PositionWiseFFN(ffn_hidden_size, embedding_size)
-        self.addnorm_2 = AddNorm(dropout)
+        self.addnorm_2 = AddNorm(dropout, **an)
 
     def hybrid_forward(self, F, X, valid_length=None):
         """X: (batch, seq_len, embedding_size); valid_length: (batch,) -> same shape as X."""
-        Y = self.addnorm_1(X, self.attention(X, X, X, valid_length))
-        return self.addnorm_2(Y, self.ffn(Y))
+        Xn = self.addnorm_1.prenorm(X)  # X itself unless pre-norm
+        Y = self.addnorm_1(X, self.attention(Xn, Xn, Xn, valid_length))
+        return self.addnorm_2(Y, self.ffn(self.addnorm_2.prenorm(Y)))
 
 
-class TransformerEncoder(Encoder):
-    """9.3.5: embed * sqrt(d) + positional encoding, then `num_layers` encoder blocks."""
+_VARIANTS_DOC = """
+    Variants (keyword-only, defaults = the chapter): ``pre_norm`` (and a final norm after the
+    last block), ``norm="scale"`` (ScaleNorm), ``fixnorm`` (unit-norm embeddings),
+    ``layerdrop`` p (blocks skipped in training), ``layers_to_keep`` (indices run at inference,
+    see `every_other_layers`), ``drophead`` p, ``fused_qkv`` (self-attention)."""
+
+
+class TransformerEncoder(_BlockStack, Encoder):
+    __doc__ = """9.3.5: embed * sqrt(d) + positional encoding, then `num_layers` encoder blocks.
+    """ + _VARIANTS_DOC
 
     def __init__(self, vocab_size, embedding_size, ffn_hidden_size, num_heads, num_layers,
-                 dropout, exact_chapter=False, **kwargs):
+                 dropout, exact_chapter=False, *, pre_norm=False, norm="layer", fixnorm=False,
+                 layerdrop=0.0, layers_to_keep=None, drophead=0.0, fused_qkv=False, **kwargs):
         super().__init__(**kwargs)
         self.embedding_size = embedding_size
         self.embed = nn.Embedding(vocab_size, embedding_size)
@@ -83,7 +155,9 @@ class TransformerEncoder(Encoder):
         self.blks = nn.HybridSequential()
         for _ in range(num_layers):
             self.blks.add(EncoderBlock(embedding_size, ffn_hidden_size, num_heads, dropout,
-                                       exact_chapter))
+                                       exact_chapter, pre_norm=pre_norm, norm=norm,
+                                       drophead=drophead, fused_qkv=fused_qkv))
+        self._init_variants(num_layers, layerdrop, layers_to_keep, pre_norm, norm, fixnorm)
 
     def forward(self, X, valid_length=None, *args):
         """The chapter accepts (and ignores) extra arguments after valid_length."""
@@ -91,10 +165,10 @@ class TransformerEncoder(Encoder):
 
     def hybrid_forward(self, F, X, valid_length=None):
         """X: (batch, seq_len) token ids; valid_length: (batch,) -> (batch, seq_len, embedding_size)."""
-        X = self.pos_encoding(self.embed(X) * math.sqrt(self.embedding_size))
-        for blk in self.blks:
-            X = blk(X, valid_length)
-        return X
+        X = self.pos_encoding(_embed(self, X))
+        for blk in self._active_blocks():
+            X = self._run_block(blk, X, valid_length)
+        return X if self.final_norm is None else self.final_norm(X)
 
 
 def _is_state(args):
@@ -109,26 +183,34 @@ class DecoderBlock(nn.HybridBlock):
     """
 
     def __init__(self, embedding_size, ffn_hidden_size, num_heads, dropout, i,
-                 exact_chapter=False, **kwargs):
+                 exact_chapter=False, *, pre_norm=False, norm="layer", drophead=0.0,
+                 fused_qkv=False, **kwargs):
         super().__init__(**kwargs)
         self.i = i
         self.exact_chapter = exact_chapter
         # corrected model: the causal mask lives inside the attention (valid lengths stay free)
         self.attention_1 = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter,
-                                              causal=not exact_chapter)
-        self.addnorm_1 = AddNorm(dropout)
-        self.attention_2 = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter)
-        self.addnorm_2 = AddNorm(dropout)
+                                              causal=not exact_chapter, drophead=drophead,
+                                              fused_qkv=fused_qkv)
+        an = _variant_kwargs(pre_norm, norm, embedding_size)
+        self.addnorm_1 = AddNorm(dropout, **an)
+        self.attention_2 = MultiHeadAttention(embedding_size, num_heads, dropout, exact_chapter,
+                                              drophead=drophead)
+        self.addnorm_2 = AddNorm(dropout, **an)
         self.ffn = PositionWiseFFN(ffn_hidden_size, embedding_size)
-        self.addnorm_3 = AddNorm(dropout)
+        self.addnorm_3 = AddNorm(dropout, **an)
 
-    def _sublayers(self, X, key_values, self_valid_length, enc_outputs, enc_valid_length):
-        """The block's arithmetic, shared by the stateful and the graph call."""
-        X2 = self.attention_1(X, key_values, key_values, self_valid_length)
+    def _sublayers(self, X, Xn, key_values, self_valid_length, enc_outputs, enc_valid_length):
+        """The block's arithmetic, shared by the stateful and the graph call.
+
+        Xn is `addnorm_1.prenorm(X)` (X itself unless pre-norm); with pre-norm, `key_values`
+        holds the normalized inputs (the cache stores them)."""
+        X2 = self.attention_1(Xn, key_values, key_values, self_valid_length)
         Y = self.addnorm_1(X, X2)
-        Y2 = self.attention_2(Y, enc_outputs, enc_outputs, enc_valid_length)
+        Y2 = self.attention_2(self.addnorm_2.prenorm(Y), enc_outputs, enc_outputs,
+                              enc_valid_length)
         Z = self.addnorm_2(Y, Y2)
-        return self.addnorm_3(Z, self.ffn(Z))
+        return self.addnorm_3(Z, self.ffn(self.addnorm_3.prenorm(Z)))
 
     def forward(self, X, *args):
         """``blk(X, state) -> (out, state)`` (chapter) or ``blk(X, enc_outputs, enc_valid_length)``."""
@@ -140,29 +222,34 @@ class DecoderBlock(nn.HybridBlock):
         """Whole target at once, causal; X: (batch, seq_len, embedding_size) -> same shape."""
         if self.exact_chapter:
             raise ValueError("the graph call needs the corrected model (exact_chapter=False)")
-        return self._sublayers(X, X, None, enc_outputs, enc_valid_length)
+        Xn = self.addnorm_1.prenorm(X)
+        return self._sublayers(X, Xn, Xn, None, enc_outputs, enc_valid_length)
 
     def _forward_with_state(self, X, state):
         enc_outputs, enc_valid_length = state[0], state[1]
         # state[2][i]: every past query position of this block, (batch, num_past, d)
+        Xn = self.addnorm_1.prenorm(X)  # X itself unless pre-norm
         if state[2][self.i] is None:
-            key_values = X
+            key_values = Xn
         else:
-            key_values = np.concatenate((state[2][self.i], X), axis=1)  # (batch, past + T, d)
+            key_values = np.concatenate((state[2][self.i], Xn), axis=1)  # (batch, past + T, d)
         state[2][self.i] = key_values
         valid_length = None
         if self.exact_chapter and autograd.is_training():
             batch_size, seq_len, _ = X.shape
             # (batch_size, seq_len): the j-th column holds j + 1, the chapter's causal lengths
             valid_length = np.tile(np.arange(1, seq_len + 1, ctx=X.context), (batch_size, 1))
-        return self._sublayers(X, key_values, valid_length, enc_outputs, enc_valid_length), state
+        return (self._sublayers(X, Xn, key_values, valid_length, enc_outputs, enc_valid_length),
+                state)
 
 
-class TransformerDecoder(Decoder):
-    """9.3.6: embed * sqrt(d) + positional encoding, decoder blocks, dense to vocabulary."""
+class TransformerDecoder(_BlockStack, Decoder):
+    __doc__ = """9.3.6: embed * sqrt(d) + positional encoding, decoder blocks, dense to vocabulary.
+    """ + _VARIANTS_DOC
 
     def __init__(self, vocab_size, embedding_size, ffn_hidden_size, num_heads, num_layers,
-                 dropout, exact_chapter=False, **kwargs):
+                 dropout, exact_chapter=False, *, pre_norm=False, norm="layer", fixnorm=False,
+                 layerdrop=0.0, layers_to_keep=None, drophead=0.0, fused_qkv=False, **kwargs):
         super().__init__(**kwargs)
         self.embedding_size = embedding_size
         self.num_layers = num_layers
@@ -172,7 +259,9 @@ class TransformerDecoder(Decoder):
         self.blks = nn.HybridSequential()
         for i in range(num_layers):
             self.blks.add(DecoderBlock(embedding_size, ffn_hidden_size, num_heads, dropout, i,
-                                       exact_chapter))
+                                       exact_chapter, pre_norm=pre_norm, norm=norm,
+                                       drophead=drophead, fused_qkv=fused_qkv))
+        self._init_variants(num_layers, layerdrop, layers_to_keep, pre_norm, norm, fixnorm)
         self.dense = nn.Dense(vocab_size, flatten=False)
 
     def init_state(self, enc_outputs, enc_valid_length, *args):
@@ -188,21 +277,44 @@ class TransformerDecoder(Decoder):
 
     def hybrid_forward(self, F, X, enc_outputs, enc_valid_length=None):
         """X: (batch, seq_len) target ids -> (batch, seq_len, vocab_size), causal."""
-        X = self.pos_encoding(self.embed(X) * math.sqrt(self.embedding_size))
-        for blk in self.blks:
-            X = blk(X, enc_outputs, enc_valid_length)
-        return self.dense(X)
+        X = self.pos_encoding(_embed(self, X))
+        for blk in self._active_blocks():
+            X = self._run_block(blk, X, enc_outputs, enc_valid_length)
+        return self.dense(X if self.final_norm is None else self.final_norm(X))
 
     def _forward_with_state(self, X, state):
         num_cached = 0 if state[2][0] is None else state[2][0].shape[1]
         if num_cached + X.shape[1] > self.pos_encoding.max_len:
             raise ValueError(f"a target of {num_cached + X.shape[1]} positions is longer than "
                              f"the model's {self.pos_encoding.max_len} positions")
-        X = self.embed(X) * math.sqrt(self.embedding_size)
+        X = _embed(self, X)
         if self.exact_chapter:  # bug 3: every call adds rows 0, 1, ... of P
             X = self.pos_encoding(X)
         else:  # fixed: continue at the true position of X's first row
             X = self.pos_encoding(X, np.array([num_cached], ctx=X.context))
-        for blk in self.blks:
-            X, state = blk(X, state)
-        return self.dense(X), state
+        for blk in self._active_blocks():
+            if self.layerdrop is None:
+                X, state = blk(X, state)
+            else:  # the block's cache is still appended when it is skipped
+                Y, state = blk(X, state)
+                X = np.where(_layer_mask(self, X), Y, X)
+        return self.dense(X if self.final_norm is None else self.final_norm(X)), state
+
+
+class TransformerClassifier(nn.HybridBlock):
+    """Encoder-only classifier (BERT-style use of 9.3.5's encoder): the TransformerEncoder, the
+    mean of its outputs over the valid positions, and a Dense head to `num_classes` logits."""
+
+    def __init__(self, encoder, num_classes, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = encoder
+        self.output = nn.Dense(num_classes)
+
+    def hybrid_forward(self, F, X, valid_length):
+        """X: (batch, seq_len) ids; valid_length: (batch,) -> (batch, num_classes)."""
+        H = self.encoder(X, valid_length)  # (batch, seq_len, d)
+        mask = F.np.expand_dims(F.npx.arange_like(H, axis=1), 0) \
+            < F.np.expand_dims(valid_length.astype("float32"), 1)  # (batch, seq_len)
+        mask = F.np.expand_dims(mask.astype("float32"), -1)  # (batch, seq_len, 1)
+        pooled = F.np.sum(H * mask, axis=1) / F.np.sum(mask, axis=1)  # (batch, d)
+        return self.output(pooled)

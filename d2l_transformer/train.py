@@ -26,9 +26,13 @@ def build_model(cfg: TransformerConfig, src_vocab_size, tgt_vocab_size):
     otherwise its output layer has ``tgt_vocab_size`` entries.
     """
     args = (cfg.embedding_size, cfg.ffn_hidden_size, cfg.num_heads, cfg.num_layers, cfg.dropout)
-    encoder = TransformerEncoder(src_vocab_size, *args, exact_chapter=cfg.exact_chapter)
+    variants = {"pre_norm": cfg.pre_norm, "norm": cfg.norm, "fixnorm": cfg.fixnorm,
+                "layerdrop": cfg.layerdrop, "drophead": cfg.drophead, "fused_qkv": cfg.fused_qkv}
+    encoder = TransformerEncoder(src_vocab_size, *args, exact_chapter=cfg.exact_chapter,
+                                 **variants)
     decoder_vocab_size = src_vocab_size if cfg.exact_chapter else tgt_vocab_size
-    decoder = TransformerDecoder(decoder_vocab_size, *args, exact_chapter=cfg.exact_chapter)
+    decoder = TransformerDecoder(decoder_vocab_size, *args, exact_chapter=cfg.exact_chapter,
+                                 **variants)
     return EncoderDecoder(encoder, decoder)
 
 
