@@ -89,6 +89,74 @@ def _clip_global(params, theta):
     gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
 
 
+class ClipAdam:
+    """The fast path's update (issue 4): the book's clipping and Adam in two fused operators.
+
+    Same arithmetic as ``grad_clipping(model, theta); trainer.step(num_tokens)``: the gradient
+    of the summed loss is scaled by ``theta / norm`` when its global norm exceeds theta, then
+    Adam runs with ``rescale_grad = 1 / num_tokens``. Here the global norm is one
+    ``multi_sum_sq`` over all gradients, the clip coefficient and ``1 / num_tokens`` become one
+    (1,) array on the device that is Adam's ``rescale_grad``, and all parameters are updated by
+    one ``multi_adamw_update`` (AdamW with eta=1 and the trainer's wd is Adam). No host sync.
+    The trainer's own optimizer state, update counts and learning-rate schedule are used, so
+    ``trainer.save_states`` and a resumed run see the same state as after ``trainer.step``.
+
+    ``ClipAdam.supports(trainer)`` is False (use the unfused update) for anything but plain
+    Adam on one device without a kvstore.
+    """
+
+    MAX_FUSED = 50  # multi_adamw_update's limit in MXNet 1.9 (more arrays crash)
+
+    def __init__(self, trainer, params, theta):
+        opt = trainer._optimizer
+        if not trainer._kv_initialized:
+            trainer._init_kvstore()
+        if trainer._params_to_init:
+            trainer._init_params()
+        self.trainer, self.opt, self.theta = trainer, opt, theta
+        self.updater = trainer._updaters[0]
+        self.indices = [trainer._param2idx[p.name] for p in params]
+        self.weights = [p.data().as_nd_ndarray() for p in params]  # legacy views, same memory
+        self.grads = [p.grad().as_nd_ndarray() for p in params]
+        self.opt._set_current_context(self.weights[0].context.device_id)
+        states = self.updater.states
+        for i, w in zip(self.indices, self.weights):
+            if i not in states:
+                states[i] = opt.create_state_multi_precision(i, w)
+                self.updater.states_synced[i] = True
+        self.means = [states[i][0] for i in self.indices]
+        self.vars = [states[i][1] for i in self.indices]
+
+    @staticmethod
+    def supports(trainer):
+        opt = trainer._optimizer
+        return (type(opt) is mx.optimizer.Adam and not opt.multi_precision
+                and len(trainer._contexts) == 1 and not opt.clip_gradient
+                and trainer._kvstore_params.get("kvstore") in ("device", None)
+                and not getattr(trainer, "_amp_loss_scaler", None))
+
+    def rescale(self, num_tokens):
+        """(1,): min(1, theta / global norm) / num_tokens, computed on the device."""
+        sum_sq = mx.nd.multi_sum_sq(*self.grads, num_arrays=len(self.grads))  # (num_params,)
+        norm = mx.nd.sqrt(mx.nd.sum(sum_sq))  # (1,)
+        coef = mx.nd.minimum(self.theta / norm, 1.0)  # theta / norm only if norm > theta
+        return coef / num_tokens.as_nd_ndarray().astype("float32")
+
+    def __call__(self, num_tokens):
+        opt = self.opt
+        opt._update_count(self.indices)
+        t = opt._index_update_count[self.indices[0]]
+        bias = math.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t)  # as Adam.update
+        lrs = [lr * bias for lr in opt._get_lrs(self.indices)]
+        wds, rescale = opt._get_wds(self.indices), self.rescale(num_tokens)
+        for i in range(0, len(self.weights), self.MAX_FUSED):  # 64 parameters: 2 calls
+            part = slice(i, i + self.MAX_FUSED)
+            mx.nd.contrib.multi_adamw_update(
+                self.weights[part], self.grads[part], self.means[part], self.vars[part],
+                rescale, lrs[part], wds[part], [1.0] * len(lrs[part]), beta1=opt.beta1,
+                beta2=opt.beta2, epsilon=opt.epsilon, out=self.weights[part])
+
+
 def grad_clipping(model, theta):
     """Scale all gradients so that their global L2 norm is at most theta (d2l)."""
     params = [p.data() for p in model.collect_params().values() if p.grad_req != "null"]
@@ -119,6 +187,33 @@ def make_trainer(model, lr, warmup_steps=0):
     return gluon.Trainer(model.collect_params(), "adam", params)
 
 
+def _fast_step(model, trainer, loss):
+    """The fast path's train step (issue 4): one hybridized graph, `ClipAdam` (or one-pass
+    clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
+    device. Same signature and meaning as the faithful step in `train_s2s_ch8`."""
+    graph = TrainGraph(model, loss)
+    graph.hybridize(static_alloc=True, static_shape=True)
+    params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+    update = []  # the ClipAdam, built after the first step's deferred initialisation
+
+    def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+        if not params[0]._data:  # deferred init in the faithful order: same weights
+            model(X, Y_input, X_vlen, Y_vlen)
+        with autograd.record():
+            l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+        l.backward()
+        num_tokens = Y_vlen.sum()
+        if not update:
+            update.append(ClipAdam(trainer, params, 1) if ClipAdam.supports(trainer) else None)
+        if update[0] is not None:
+            update[0](num_tokens)
+        else:
+            _clip_global(params, 1)
+            trainer.step(num_tokens)
+        return l.sum(), num_tokens  # stay on the device
+    return step
+
+
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
                   loss=None, start_epoch=1, epoch_seed=None, on_batch=None,
                   fast=False):
@@ -146,20 +241,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
     loss = loss or MaskedSoftmaxCELoss()
     if fast:
-        graph = TrainGraph(model, loss)
-        graph.hybridize(static_alloc=True, static_shape=True)
-        params = [p for p in model.collect_params().values() if p.grad_req != "null"]
-
-        def step(X, X_vlen, Y_input, Y_label, Y_vlen):
-            if not params[0]._data:  # deferred init in the faithful order: same weights
-                model(X, Y_input, X_vlen, Y_vlen)
-            with autograd.record():
-                l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
-            l.backward()
-            _clip_global(params, 1)
-            num_tokens = Y_vlen.sum()
-            trainer.step(num_tokens)
-            return l.sum(), num_tokens  # stay on the device
+        step = _fast_step(model, trainer, loss)
     else:
         def step(X, X_vlen, Y_input, Y_label, Y_vlen):
             with autograd.record():
