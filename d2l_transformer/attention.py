@@ -6,6 +6,8 @@ array itself, and no code reads a shape in Python, so ``hybridize()`` traces the
 chapter runs.
 """
 
+import math
+
 import mxnet as mx
 from mxnet.gluon import nn
 
@@ -50,6 +52,8 @@ def masked_softmax(X, valid_length, causal=False):
     `_causal_mask`); the chapter expresses the same thing through valid lengths.
     """
     F = _F(X)
+    if F is mx.sym:
+        return _softmax_with_lengths(F, X, valid_length, causal)
     mask = None if valid_length is None else _length_mask(F, X, valid_length)
     if causal:
         causal_mask = _causal_mask(F, X)
@@ -61,19 +65,48 @@ def masked_softmax(X, valid_length, causal=False):
     return F.npx.softmax(X)
 
 
+def _softmax_with_lengths(F, X, valid_length, causal):
+    """`masked_softmax` inside a hybridized graph (issue 4's fast path): one fused
+    ``softmax(X, length=..., use_length=True)`` over the first `length` keys of every query.
+
+    The same probabilities as the chapter's fill-with--1e6-then-softmax (exp(-1e6 - max) is
+    exactly 0 in float32) to 1e-7 (tests/test_fast.py), with 2 fused operators instead of
+    where + full_like + softmax and their broadcasting backward passes. The length of query i
+    is the valid length, the causal ``num_keys - num_queries + i + 1``, or their minimum.
+    """
+    lengths = None
+    if causal:
+        shape = F.npx.shape_array(X)  # (3,): batch, num_queries, num_keys
+        offset = (shape[2:3] - shape[1:2]).astype("float32")  # (1,) cached positions
+        lengths = F.np.expand_dims(F.npx.arange_like(X, axis=-2) + offset + 1, 0)  # (1, q)
+    if valid_length is not None:
+        valid = F.npx.reshape(valid_length, (-2, -1)).astype("float32")  # (batch, 1 | q)
+        lengths = valid if lengths is None else F.np.minimum(valid, lengths)
+    if lengths is None:
+        return F.npx.softmax(X)
+    # (batch, num_queries): broadcast along the batch and query axes of X
+    ref = F.np.zeros_like(X[:, :, 0])  # (batch, num_queries); zeros_like: no gradient
+    lengths = (lengths + ref).astype("int32")
+    return F.npx.softmax(X, length=lengths, use_length=True)
+
+
 class DotProductAttention(nn.HybridBlock):
     """Scaled dot-product attention with dropout on the weights (d2l 9.1)."""
 
-    def __init__(self, dropout, causal=False, **kwargs):
+    def __init__(self, dropout, causal=False, *, query_size=None, **kwargs):
         super().__init__(**kwargs)
         self.causal = causal
         self.dropout = nn.Dropout(dropout)
+        self.query_size = query_size  # d, when known: a scalar divide in graphs (issue 4)
 
     def hybrid_forward(self, F, query, key, value, valid_length=None):
         """query: (batch, num_queries, d); key: (batch, num_keys, d); value: (batch, num_keys, d_v)."""
-        # sqrt(d) read from the graph (float32, bit-identical to the chapter's math.sqrt(d))
-        d = F.npx.shape_array(query)[-1:].astype("float32")  # (1,)
-        scores = F.npx.batch_dot(query, key, transpose_b=True) / F.np.sqrt(d)  # (batch, q, k)
+        scores = F.npx.batch_dot(query, key, transpose_b=True)  # (batch, q, k)
+        if F is mx.nd or self.query_size is not None:  # the chapter's / math.sqrt(d)
+            d = query.shape[-1] if F is mx.nd else self.query_size
+            scores = scores / math.sqrt(d)
+        else:  # sqrt(d) read from the graph (float32, the same value)
+            scores = scores / F.np.sqrt(F.npx.shape_array(query)[-1:].astype("float32"))
         self.attention_weights = masked_softmax(scores, valid_length, self.causal)
         return F.npx.batch_dot(self.dropout(self.attention_weights), value)  # (batch, q, d_v)
 
@@ -129,7 +162,8 @@ class MultiHeadAttention(nn.HybridBlock):
         self.num_heads = num_heads
         self.exact_chapter = exact_chapter
         self.fused_qkv = fused_qkv
-        self.attention = DotProductAttention(dropout, causal=causal)
+        self.attention = DotProductAttention(dropout, causal=causal,
+                                             query_size=hidden_size // num_heads)
         # in-graph random op: drops in training (also hybridized), identity at inference
         self.drophead = nn.Dropout(drophead) if drophead > 0 else None
         if fused_qkv:
