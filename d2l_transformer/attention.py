@@ -195,6 +195,24 @@ class MultiHeadAttention(nn.HybridBlock):
         """query: (batch, num_queries, dim); key, value: (batch, num_keys, dim);
         valid_length: None, (batch,) or (batch, num_queries). Returns (batch, num_queries, hidden_size)."""
         query, key, value = self._project(F, query, key, value)
+        return self._attend(F, query, key, value, valid_length)
+
+    def project_kv(self, X):
+        """(keys, values) projected from X, each (batch, num_keys, hidden_size): what a
+        decoder's key/value cache keeps so that each step projects only its new position."""
+        _, key, value = self._project(_F(X), X, X, X)
+        return key, value
+
+    def attend_cached(self, query, key, value, valid_length=None):
+        """The attention with `key` and `value` already projected (`project_kv`); imperative.
+        query: (batch, num_queries, dim) -> (batch, num_queries, hidden_size)."""
+        F = _F(query)
+        query = self.W_q(query) if not self.fused_qkv else F.np.split(
+            self.W_qkv(query), 3, axis=-1)[0]  # (batch, q, hidden)
+        return self._attend(F, query, key, value, valid_length)
+
+    def _attend(self, F, query, key, value, valid_length):
+        """Split heads, attend, concatenate, project; query/key/value already projected."""
         query = transpose_qkv(query, self.num_heads)  # (batch*h, q, hidden/h)
         key = transpose_qkv(key, self.num_heads)  # (batch*h, k, hidden/h)
         value = transpose_qkv(value, self.num_heads)  # (batch*h, k, hidden/h)

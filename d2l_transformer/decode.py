@@ -29,16 +29,22 @@ def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
     return " ".join(tgt_vocab.to_tokens(predict_tokens))
 
 
-def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, ctx, cache=True):
+def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, ctx, cache=True,
+                         *, until_eos=True):
     """Batched greedy decoding (issue 4): every sentence of `src_sentences` at once.
 
     Token for token the same as :func:`predict_s2s_ch8` on each sentence (rows are
     independent: every source is padded to `num_steps`). Stops when every sentence has emitted
-    ``<eos>`` or after `num_steps` tokens. ``cache=True`` feeds only the new position through the
-    decoder's cached state; ``cache=False`` recomputes the whole prefix each step with the graph
-    call ``decoder(prefix, enc_outputs, enc_valid_length)`` (corrected model only).
+    ``<eos>`` (``until_eos=False``: always `num_steps` steps, for benchmarks) or after
+    `num_steps` tokens. ``cache=True``: the decoder's key/value cache
+    (`TransformerDecoder.init_kv_state`), each step projects and attends only the new position;
+    ``cache="inputs"``: the chapter's state, which caches each block's inputs and re-projects
+    all of them every step; ``cache=False``: the whole prefix is recomputed every step with the
+    graph call ``decoder(prefix, enc_outputs, enc_valid_length)`` (corrected model only).
     One host sync per step (the argmax of the batch).
     """
+    if cache not in (True, False, "inputs"):
+        raise ValueError(f"cache must be True, False or 'inputs', not {cache!r}")
     pad, bos, eos = src_vocab["<pad>"], tgt_vocab["<bos>"], tgt_vocab["<eos>"]
     tokens = [src_vocab[s.lower().split(" ")] for s in src_sentences]
     enc_valid_length = np.array([len(t) for t in tokens], ctx=ctx)  # (batch,)
@@ -46,25 +52,27 @@ def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, 
     enc_outputs = model.encoder(enc_X, enc_valid_length)  # (batch, T, d)
     batch = len(src_sentences)
     dec_X = np.full((batch, 1), bos, ctx=ctx)  # (batch, 1)
-    if cache:
+    if cache is True:
+        dec_state = model.decoder.init_kv_state(enc_outputs, enc_valid_length)
+    elif cache == "inputs":
         dec_state = model.decoder.init_state(enc_outputs, enc_valid_length)
     prefix = dec_X
     out = onp.zeros((batch, num_steps), dtype="int64")
     done = onp.zeros(batch, dtype=bool)
     lengths = onp.full(batch, num_steps)
     for t in range(num_steps):
-        if cache:
-            Y, dec_state = model.decoder(dec_X, dec_state)  # (batch, 1, vocab)
-        else:
+        if cache is False:
             Y = model.decoder(prefix, enc_outputs, enc_valid_length)[:, -1:]  # (batch, 1, vocab)
+        else:
+            Y, dec_state = model.decoder(dec_X, dec_state)  # (batch, 1, vocab)
         dec_X = Y.argmax(axis=2)  # (batch, 1)
-        if not cache:
+        if cache is False:
             prefix = np.concatenate((prefix, dec_X.astype(prefix.dtype)), axis=1)  # (batch, t+2)
         step = dec_X.asnumpy().astype("int64")[:, 0]  # one sync per step
         newly = (~done) & (step == eos)
         lengths[newly] = t
         done |= newly
         out[:, t] = step
-        if done.all():
+        if until_eos and done.all():
             break
     return [" ".join(tgt_vocab.to_tokens(out[b, :lengths[b]].tolist())) for b in range(batch)]

@@ -200,15 +200,24 @@ class DecoderBlock(nn.HybridBlock):
         self.ffn = PositionWiseFFN(ffn_hidden_size, embedding_size)
         self.addnorm_3 = AddNorm(dropout, **an)
 
-    def _sublayers(self, X, Xn, key_values, self_valid_length, enc_outputs, enc_valid_length):
+    def _sublayers(self, X, Xn, key_values, self_valid_length, enc_outputs, enc_valid_length,
+                   kv=None):
         """The block's arithmetic, shared by the stateful and the graph call.
 
         Xn is `addnorm_1.prenorm(X)` (X itself unless pre-norm); with pre-norm, `key_values`
-        holds the normalized inputs (the cache stores them)."""
-        X2 = self.attention_1(Xn, key_values, key_values, self_valid_length)
+        holds the normalized inputs (the cache stores them). ``kv`` (issue 4): the projected
+        ``[self keys, self values, encoder keys, encoder values]`` replace the projections of
+        `key_values` and `enc_outputs`."""
+        if kv is None:
+            X2 = self.attention_1(Xn, key_values, key_values, self_valid_length)
+        else:
+            X2 = self.attention_1.attend_cached(Xn, kv[0], kv[1], self_valid_length)
         Y = self.addnorm_1(X, X2)
-        Y2 = self.attention_2(self.addnorm_2.prenorm(Y), enc_outputs, enc_outputs,
-                              enc_valid_length)
+        Yn = self.addnorm_2.prenorm(Y)
+        if kv is None:
+            Y2 = self.attention_2(Yn, enc_outputs, enc_outputs, enc_valid_length)
+        else:
+            Y2 = self.attention_2.attend_cached(Yn, kv[2], kv[3], enc_valid_length)
         Z = self.addnorm_2(Y, Y2)
         return self.addnorm_3(Z, self.ffn(self.addnorm_3.prenorm(Z)))
 
@@ -234,13 +243,28 @@ class DecoderBlock(nn.HybridBlock):
         else:
             key_values = np.concatenate((state[2][self.i], Xn), axis=1)  # (batch, past + T, d)
         state[2][self.i] = key_values
+        kv = self._update_kv_cache(Xn, state) if len(state) > 3 else None
         valid_length = None
         if self.exact_chapter and autograd.is_training():
             batch_size, seq_len, _ = X.shape
             # (batch_size, seq_len): the j-th column holds j + 1, the chapter's causal lengths
             valid_length = np.tile(np.arange(1, seq_len + 1, ctx=X.context), (batch_size, 1))
-        return (self._sublayers(X, Xn, key_values, valid_length, enc_outputs, enc_valid_length),
-                state)
+        return (self._sublayers(X, Xn, key_values, valid_length, enc_outputs, enc_valid_length,
+                                kv), state)
+
+    def _update_kv_cache(self, Xn, state):
+        """state[3][i] (issue 4, see `TransformerDecoder.init_kv_state`): append the new
+        positions' projected keys/values; the encoder's are projected once, at the first step.
+        Each entry is (batch, positions, hidden_size)."""
+        k, v = self.attention_1.project_kv(Xn)  # only the new positions: (batch, T, hidden)
+        kv = state[3][self.i]
+        if kv is None:
+            kv = [k, v, *self.attention_2.project_kv(state[0])]
+        else:
+            kv = [np.concatenate((kv[0], k), axis=1), np.concatenate((kv[1], v), axis=1),
+                  kv[2], kv[3]]  # (batch, past + T, hidden)
+        state[3][self.i] = kv
+        return kv
 
 
 class TransformerDecoder(_BlockStack, Decoder):
@@ -267,6 +291,12 @@ class TransformerDecoder(_BlockStack, Decoder):
     def init_state(self, enc_outputs, enc_valid_length, *args):
         """``[enc_outputs, enc_valid_length, [None] * num_layers]``: nothing cached yet."""
         return [enc_outputs, enc_valid_length, [None] * self.num_layers]
+
+    def init_kv_state(self, enc_outputs, enc_valid_length, *args):
+        """`init_state` plus ``state[3]``, a key/value cache per block (issue 4): with it the
+        stateful call projects only the new positions' keys/values at each step, and the
+        encoder's once. ``state[2]`` keeps the chapter's meaning; the outputs are the same."""
+        return self.init_state(enc_outputs, enc_valid_length, *args) + [[None] * self.num_layers]
 
     def forward(self, X, *args):
         """``decoder(X, state) -> (logits, state)`` (chapter) or
