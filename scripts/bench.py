@@ -1,80 +1,187 @@
-"""Issue 4 benchmark: faithful vs fast training, cached vs uncached and batched greedy decoding.
+#!/usr/bin/env python
+"""Issue 4 benchmark: the faithful vs the fast training path, cached vs uncached greedy decoding,
+batched greedy translation, measured side by side in ONE run on this machine.
 
-Prints one table measured side by side in one run: (a) training tokens/s (first epoch excluded
-as warm-up) and the ratio; (b) greedy ms/sentence with/without the cache at 50 target tokens;
-(c) batched greedy sentences/s at batch sizes 1, 64, 256; (d) peak resident memory (ru_maxrss
-of this process after each row, so it is cumulative). ``--quick``: TINY sizes, for CI.
+Rows (each measured in its own subprocess, so that its peak resident memory is its own):
+(a) training tokens/s at the chapter's hyperparameters, faithful imperative path and fast path
+    (same data, same seed, same number of epochs; the first epoch is excluded as warm-up);
+(b) greedy decoding ms/sentence at 50 target tokens (no early stop): the key/value cache, the
+    chapter's state (caches block inputs, re-projects them every step), and no cache (the whole
+    prefix recomputed every step; imperative, and as a hybridized graph);
+(c) batched greedy translation sentences/s of training sentences at batch sizes 1, 64, 256;
+(d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
+    one process, so there the column is the running peak).
+Then the ratios. ``--quick``: TINY sizes and fewer sentences (CI, under a minute).
+``--json PATH`` writes every figure. The decoding rows use the model the fast row trained.
 """
 
 import argparse
+import functools
 import json
+import os
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 
-import mxnet as mx
+ROWS = [  # key, label
+    ("train_faithful", "(a) train faithful tokens/s"),
+    ("train_fast", "(a) train fast tokens/s"),
+    ("greedy_kv", "(b) greedy ms/sentence, key/value cache"),
+    ("greedy_inputs", "(b) greedy ms/sentence, chapter state (inputs)"),
+    ("greedy_uncached", "(b) greedy ms/sentence, no cache"),
+    ("greedy_uncached_graph", "(b) greedy ms/sentence, no cache, hybridized"),
+    ("batch_1", "(c) batched greedy sentences/s batch=1 "),
+    ("batch_64", "(c) batched greedy sentences/s batch=64"),
+    ("batch_256", "(c) batched greedy sentences/s batch=256"),
+]
+RATIOS = [  # label, numerator, denominator
+    ("(a) train ratio fast/faithful", "train_fast", "train_faithful"),
+    ("(b) greedy ratio uncached/cached", "greedy_uncached", "greedy_kv"),
+    ("(b) greedy ratio chapter state/cached", "greedy_inputs", "greedy_kv"),
+    ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
+]
+DECODE_TOKENS = 50
 
-import d2l_transformer as d2t
+
+def sizes(quick):
+    import d2l_transformer as d2t
+    if quick:
+        return dict(cfg=d2t.TINY, epochs=3, n_greedy=3, n_batch=256, n_batch_1=20)
+    return dict(cfg=d2t.CHAPTER, epochs=6, n_greedy=20, n_batch=1000, n_batch_1=100)
 
 
-def rss_mb():
+@functools.lru_cache(maxsize=None)
+def _data(cfg):
+    """(src_vocab, tgt_vocab, data_iter), read once per process (reading takes seconds)."""
+    import d2l_transformer as d2t
+    return d2t.load_data_nmt(cfg.batch_size, cfg.num_steps, cfg.num_examples)
+
+
+def train_row(s, fast, params_path):
+    """Tokens/s over epochs 2.. (epoch 1 is warm-up: graph building, deferred init)."""
+    import mxnet as mx
+
+    import d2l_transformer as d2t
+    cfg = s["cfg"]
+    src_vocab, tgt_vocab, it = _data(cfg)
+    tokens_per_epoch = sum(float((batch[3] - 1).sum()) for batch in it)  # Y_valid_len - 1
+    d2t.set_seed(0)  # both paths: the same initial weights and batches
+    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+    stamps = []
+    summary = d2t.train_s2s_ch8(model, it, cfg.lr, s["epochs"], mx.cpu(), fast=fast,
+                                on_epoch=lambda epoch, loss: stamps.append(time.time()))
+    if fast:
+        model.save_parameters(params_path)
+    rate = tokens_per_epoch * (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    return rate, {"loss": summary["loss"], "epochs_timed": len(stamps) - 1}
+
+
+def _trained_model(s, params_path):
+    import mxnet as mx
+
+    import d2l_transformer as d2t
+    cfg = s["cfg"]
+    src_vocab, tgt_vocab, it = _data(cfg)
+    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+    model.load_parameters(params_path, ctx=mx.cpu())
+    sentences = []
+    for X, X_vlen, _, _ in it:  # the training sentences, without their <eos>
+        for row, n in zip(X.asnumpy().tolist(), X_vlen.asnumpy().tolist()):
+            sentences.append(" ".join(src_vocab.to_tokens([int(t) for t in row[:int(n) - 1]])))
+    return model, src_vocab, tgt_vocab, sentences
+
+
+def greedy_row(s, params_path, cache, hybridize=False):
+    """ms/sentence, one sentence at a time, always DECODE_TOKENS steps."""
+    import mxnet as mx
+
+    import d2l_transformer as d2t
+    model, src_vocab, tgt_vocab, sentences = _trained_model(s, params_path)
+    if hybridize:
+        model.hybridize()
+    run = [sentences[i % len(sentences)] for i in range(s["n_greedy"] + 1)]
+    d2t.predict_greedy_batch(model, run[:1], src_vocab, tgt_vocab, DECODE_TOKENS, mx.cpu(),
+                             cache=cache, until_eos=False)  # warm-up
+    tic = time.time()
+    for sentence in run[1:]:
+        d2t.predict_greedy_batch(model, [sentence], src_vocab, tgt_vocab, DECODE_TOKENS,
+                                 mx.cpu(), cache=cache, until_eos=False)
+    return (time.time() - tic) / s["n_greedy"] * 1000, {"sentences": s["n_greedy"]}
+
+
+def batch_row(s, params_path, batch_size):
+    """sentences/s of batched greedy translation (key/value cache, stops at <eos>)."""
+    import mxnet as mx
+
+    import d2l_transformer as d2t
+    model, src_vocab, tgt_vocab, sentences = _trained_model(s, params_path)
+    n = s["n_batch_1"] if batch_size == 1 else s["n_batch"]
+    sentences = [sentences[i % len(sentences)] for i in range(n)]
+    num_steps = s["cfg"].num_steps
+    d2t.predict_greedy_batch(model, sentences[:batch_size], src_vocab, tgt_vocab, num_steps,
+                             mx.cpu())  # warm-up
+    tic = time.time()
+    for i in range(0, n, batch_size):
+        d2t.predict_greedy_batch(model, sentences[i:i + batch_size], src_vocab, tgt_vocab,
+                                 num_steps, mx.cpu())
+    return n / (time.time() - tic), {"sentences": n}
+
+
+def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def train_rate(cfg, fast, epochs, ctx):
-    d2t.set_seed(0)
-    src_vocab, tgt_vocab, it = d2t.load_data_nmt(cfg.batch_size, cfg.num_steps, cfg.num_examples)
-    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
-    rates = []
-    summary = d2t.train_s2s_ch8(model, it, cfg.lr, epochs, ctx, fast=fast)
-    rates.append(summary["tokens_per_sec"])  # last epoch (earlier epochs are warm-up)
-    return rates[-1], model, src_vocab, tgt_vocab, it
+def run_row(key, quick, params_path):
+    s = sizes(quick)
+    if key.startswith("train_"):
+        return train_row(s, key == "train_fast", params_path)
+    if key.startswith("greedy_"):
+        cache = {"greedy_kv": True, "greedy_inputs": "inputs"}.get(key, False)
+        return greedy_row(s, params_path, cache, hybridize=key.endswith("_graph"))
+    return batch_row(s, params_path, int(key.split("_")[1]))
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, < 1 min (CI)")
-    p.add_argument("--json", default=None, help="write the figures to this path")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="TINY sizes, under a minute (CI)")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
+    p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    ctx = mx.cpu()
-    cfg = d2t.TINY if args.quick else d2t.CHAPTER
-    epochs = 2 if args.quick else 4
-    n_sent, steps = (64, 10) if args.quick else (1000, 50)
-    rows = []
-    slow, _, _, _, _ = train_rate(cfg, False, epochs, ctx)
-    rows.append(("train faithful tokens/s", slow, rss_mb()))
-    fast, model, src_vocab, tgt_vocab, it = train_rate(cfg, True, epochs, ctx)
-    rows.append(("train fast tokens/s", fast, rss_mb()))
-    rows.append(("train ratio fast/faithful", fast / slow, rss_mb()))
-    sentences = []
-    for X, X_vlen, _, _ in it:
-        for row, n in zip(X.asnumpy().tolist(), X_vlen.asnumpy().tolist()):
-            sentences.append(" ".join(src_vocab.to_tokens([int(t) for t in row[:int(n)]])))
-    sentences = [s.replace(" <eos>", "") for s in sentences][:n_sent]
-    n_dec = 5 if args.quick else 20
-    ms = {}
-    for cache in (False, True):
-        tic = time.time()
-        # force 50 target tokens: no early stop because <eos> is never the only row left
-        for s in sentences[:n_dec]:
-            d2t.predict_greedy_batch(model, [s], src_vocab, tgt_vocab, steps, ctx, cache=cache)
-        ms[cache] = (time.time() - tic) / n_dec * 1000
-        rows.append((f"greedy ms/sentence cache={cache} (<= {steps} tokens)", ms[cache], rss_mb()))
-    rows.append(("greedy ratio uncached/cached", ms[False] / ms[True], rss_mb()))
-    for bs in (1, 64, 256):
-        subset = sentences if bs > 1 else sentences[:min(50, len(sentences))]
-        tic = time.time()
-        for i in range(0, len(subset), bs):
-            d2t.predict_greedy_batch(model, subset[i:i + bs], src_vocab, tgt_vocab,
-                                     cfg.num_steps, ctx)
-        rows.append((f"batched greedy sentences/s batch={bs}",
-                     len(subset) / (time.time() - tic), rss_mb()))
-    print(f"{'row':50s} {'value':>12s} {'peak RSS MB':>12s}")
-    for name, value, mem in rows:
-        print(f"{name:50s} {value:12.2f} {mem:12.1f}")
+    if args.row:  # child: measure one row, print its JSON
+        value, extra = run_row(args.row, args.quick, args.params)
+        print(json.dumps({"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}))
+        return 0
+    results = {}
+    header = "peak RSS MB" if not args.quick else "RSS MB (cum.)"
+    print(f"{'row':52s} {'value':>10s} {header:>14s}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = os.path.join(tmp, "model.params")
+        for key, label in ROWS:
+            if args.quick:  # one process, data read once; the RSS column is cumulative
+                value, extra = run_row(key, True, params)
+                results[key] = {"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}
+            else:  # a process per row: each row's own peak RSS
+                cmd = [sys.executable, os.path.abspath(__file__), "--row", key, "--params", params]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode:
+                    print(f"error: row {key} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+                    return 1
+                results[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+            results[key]["label"] = label
+            print(f"{label:52s} {results[key]['value']:10.1f} "
+                  f"{results[key]['peak_rss_mb']:14.1f}", flush=True)
+    for label, num, den in RATIOS:
+        ratio = results[num]["value"] / results[den]["value"]
+        results[label] = ratio
+        print(f"{label:52s} {ratio:9.2f}x", flush=True)
     if args.json:
+        results["quick"] = args.quick
         with open(args.json, "w") as f:
-            json.dump({name: {"value": v, "peak_rss_mb": m} for name, v, m in rows}, f, indent=1)
+            json.dump(results, f, indent=1)
     return 0
 
 
