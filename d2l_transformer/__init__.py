@@ -47,6 +47,7 @@ from .model import (  # noqa: E402
     TransformerEncoder,
 )
 from .train import (  # noqa: E402
+    ClipAdam,
     MaskedSoftmaxCELoss,
     TrainGraph,
     build_model,

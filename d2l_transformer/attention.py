@@ -57,7 +57,9 @@ def masked_softmax(X, valid_length, causal=False):
     mask = None if valid_length is None else _length_mask(F, X, valid_length)
     if causal:
         causal_mask = _causal_mask(F, X)
-        mask = causal_mask if mask is None else F.np.logical_and(mask, causal_mask)
+        if mask is not None:  # both: MXNet 1.9's numpy module has no logical_and for arrays
+            causal_mask = mask.astype("float32") * causal_mask.astype("float32")
+        mask = causal_mask
     if mask is not None:
         # a full-size fill, not the scalar: MXNet 1.9's where(cond, x, scalar) sends the gradient
         # to the wrong side when cond broadcasts (measured; tests/test_attention.py guards it)

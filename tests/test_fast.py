@@ -1,5 +1,6 @@
 """Issue 4: the fast path gives the faithful path's numbers; cached == uncached == batched."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,28 +30,25 @@ def _model(src_vocab, tgt_vocab):
 
 
 def _steps(model, batches, fast):
-    """Run the train step of train_s2s_ch8 (faithful or fast) on fixed batches; per-step losses."""
+    """Run the train step of train_s2s_ch8 (faithful or fast) on fixed batches; per-step losses
+    and the trainer."""
     trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": 0.005})
-    graph = d2t.TrainGraph(model)
-    graph.hybridize(static_alloc=True, static_shape=True)
-    params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+    fast_step = d2t.train._fast_step(model, trainer, d2t.MaskedSoftmaxCELoss())
     losses = []
     for X, X_vlen, Y, Y_vlen in batches:
         Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
-        with autograd.record():
-            if fast:
-                l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)
-            else:
+        if fast:
+            l, _ = fast_step(X, X_vlen, Y_input, Y_label, Y_vlen)
+        else:
+            with autograd.record():
                 Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
                 l = d2t.MaskedSoftmaxCELoss()(Y_hat, Y_label, Y_vlen)
-        l.backward()
-        if fast:
-            d2t.train._clip_global(params, 1)
-        else:
+            l.backward()
             d2t.grad_clipping(model, 1)
-        trainer.step(Y_vlen.sum())
-        losses.append(float(l.sum()))
-    return losses
+            trainer.step(Y_vlen.sum())
+            l = l.sum()
+        losses.append(float(l))
+    return losses, trainer
 
 
 def test_fast_equals_faithful_per_step(data):
@@ -63,10 +61,34 @@ def test_fast_equals_faithful_per_step(data):
     for a, b in zip(models[0].collect_params().values(),
                     models[1].collect_params().values()):  # identical weights
         b.set_data(a.data())
-    slow = _steps(models[0], batches, fast=False)
-    fast = _steps(models[1], batches, fast=True)
-    assert slow[0] > 1.0
+    slow, slow_trainer = _steps(models[0], batches, fast=False)
+    fast, fast_trainer = _steps(models[1], batches, fast=True)
+    assert slow[0] > 1.0 and slow[-1] < slow[0]
     onp.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-5)
+    for a, b in zip(models[0].collect_params().values(), models[1].collect_params().values()):
+        onp.testing.assert_allclose(b.data().asnumpy(), a.data().asnumpy(), rtol=1e-4, atol=1e-5)
+    # ClipAdam keeps the trainer's own state: same update counts and Adam moments
+    assert fast_trainer._optimizer.num_update == slow_trainer._optimizer.num_update == 4
+    i = len(slow_trainer._updaters[0].states) - 1
+    onp.testing.assert_allclose(fast_trainer._updaters[0].states[i][1].asnumpy(),
+                                slow_trainer._updaters[0].states[i][1].asnumpy(), rtol=1e-4,
+                                atol=1e-9)
+
+
+def test_clip_adam_applies_and_clips():
+    """The fused update is used for the chapter's Adam; it clips the gradient to norm 1 as
+    `grad_clipping` does, before dividing by the number of tokens."""
+    p = gluon.Parameter("w", shape=(3,))
+    p.initialize(ctx=CTX)
+    trainer = gluon.Trainer([p], "adam", {"learning_rate": 0.1})
+    assert d2t.ClipAdam.supports(trainer)
+    assert not d2t.ClipAdam.supports(gluon.Trainer([p], "sgd", {"learning_rate": 0.1}))
+    p.grad()[:] = mx.np.array([30.0, 40.0, 0.0])  # norm 50 -> clipped to norm 1
+    update = d2t.ClipAdam(trainer, [p], 1)
+    rescale = update.rescale(mx.np.array(2.0)).asnumpy()
+    onp.testing.assert_allclose(rescale, [1 / 50 / 2], rtol=1e-6)
+    p.grad()[:] = mx.np.array([0.3, 0.4, 0.0])  # norm 0.5: not clipped
+    onp.testing.assert_allclose(update.rescale(mx.np.array(2.0)).asnumpy(), [0.5], rtol=1e-6)
 
 
 def test_hybridized_second_call_equals_first(data):
@@ -97,20 +119,68 @@ def test_cached_uncached_batched_greedy_identical(data):
         for row, n in zip(X.asnumpy().tolist(), X_vlen.asnumpy().tolist()):
             sentences.append(" ".join(src_vocab.to_tokens([int(t) for t in row[:int(n) - 1]])))
     sentences = sentences[:50]
+    model.hybridize(False)  # decode imperatively, as the chapter does
     one = [d2t.predict_s2s_ch8(model, s, src_vocab, tgt_vocab, 10, CTX) for s in sentences]
-    cached = d2t.predict_greedy_batch(model, sentences, src_vocab, tgt_vocab, 10, CTX)
-    uncached = d2t.predict_greedy_batch(model, sentences, src_vocab, tgt_vocab, 10, CTX,
-                                        cache=False)
     assert len(set(one)) > 5  # non-trivial outputs
-    assert cached == one
-    assert uncached == one
+    for cache in (True, "inputs", False):
+        batched = d2t.predict_greedy_batch(model, sentences, src_vocab, tgt_vocab, 10, CTX,
+                                           cache=cache)
+        assert batched == one, cache
+        singly = [d2t.predict_greedy_batch(model, [s], src_vocab, tgt_vocab, 10, CTX,
+                                           cache=cache)[0] for s in sentences[:10]]
+        assert singly == one[:10], cache
+
+
+def test_kv_cache_keeps_the_chapter_state(data):
+    """init_kv_state adds state[3] (projected keys/values per block); state[2] still holds every
+    past input of each block, and the logits equal the chapter state's."""
+    src_vocab, tgt_vocab, it = data
+    model = _model(src_vocab, tgt_vocab)
+    X, X_vlen, Y, _ = next(iter(it))
+    enc = model.encoder(X, X_vlen)
+    plain = model.decoder.init_state(enc, X_vlen)
+    kv = model.decoder.init_kv_state(enc, X_vlen)
+    assert len(plain) == 3 and len(kv) == 4 and kv[3] == [None] * d2t.TINY.num_layers
+    for t in range(3):
+        a, plain = model.decoder(Y[:, t:t + 1], plain)
+        b, kv = model.decoder(Y[:, t:t + 1], kv)
+        onp.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-5, atol=1e-5)
+    hidden = d2t.TINY.embedding_size
+    assert kv[2][0].shape == plain[2][0].shape == (X.shape[0], 3, hidden)
+    k_self, v_self, k_enc, v_enc = kv[3][0]
+    assert k_self.shape == v_self.shape == (X.shape[0], 3, hidden)
+    assert k_enc.shape == (X.shape[0], X.shape[1], hidden)
+
+
+def test_masked_softmax_in_graph_equals_imperative():
+    """The graph's softmax(length=...) gives the chapter's -1e6-fill probabilities: valid
+    lengths of both shapes, causal with and without cached positions."""
+
+    class Soft(gluon.HybridBlock):
+        def __init__(self, causal):
+            super().__init__()
+            self.causal = causal
+
+        def hybrid_forward(self, F, X, valid_length=None):
+            return d2t.masked_softmax(X, valid_length, self.causal)
+
+    X = mx.np.random.normal(size=(4, 3, 5))
+    for valid_length in (None, mx.np.array([1, 2, 5, 3]), mx.np.array([[1, 2, 3]] * 4)):
+        for causal in (False, True):
+            block = Soft(causal)
+            args = (X,) if valid_length is None else (X, valid_length)
+            expected = block(*args).asnumpy()
+            block.hybridize()
+            onp.testing.assert_allclose(block(*args).asnumpy(), expected, rtol=1e-6, atol=1e-7)
 
 
 def test_bench_quick_prints_every_row(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick",
                           "--json", str(tmp_path / "b.json")],
                          capture_output=True, text=True, timeout=300, check=True).stdout
-    for row in ("train faithful", "train fast", "train ratio", "cache=False", "cache=True",
-                "greedy ratio", "batch=1 ", "batch=64", "batch=256"):
+    for row in ("train faithful", "train fast", "train ratio", "key/value cache",
+                "chapter state", "no cache", "no cache, hybridized", "greedy ratio", "batch=1 ",
+                "batch=64", "batch=256"):
         assert row in out, row
-    assert (tmp_path / "b.json").exists()
+    figures = json.loads((tmp_path / "b.json").read_text())
+    assert figures["train_fast"]["value"] > 0 and figures["(a) train ratio fast/faithful"] > 0
