@@ -40,6 +40,7 @@ from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402
 from .model import (  # noqa: E402
     Decoder,
     DecoderBlock,
+    DecoderStep,
     Encoder,
     EncoderBlock,
     EncoderDecoder,

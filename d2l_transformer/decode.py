@@ -1,9 +1,13 @@
 """Translating with a trained model: the chapter's greedy `predict_s2s_ch8`."""
 
+import warnings
+import weakref
+
 import numpy as onp
 from mxnet import np
 
 from .data import truncate_pad
+from .model import DecoderStep
 
 
 def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
@@ -29,6 +33,17 @@ def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
     return " ".join(tgt_vocab.to_tokens(predict_tokens))
 
 
+_STEPS = weakref.WeakKeyDictionary()  # decoder -> its hybridized DecoderStep (built once)
+
+
+def _decoder_step(decoder):
+    if decoder not in _STEPS:
+        step = DecoderStep(decoder)
+        step.hybridize(static_alloc=True, static_shape=True)
+        _STEPS[decoder] = step
+    return _STEPS[decoder]
+
+
 def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, ctx, cache=True,
                          *, until_eos=True):
     """Batched greedy decoding (issue 4): every sentence of `src_sentences` at once.
@@ -36,8 +51,9 @@ def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, 
     Token for token the same as :func:`predict_s2s_ch8` on each sentence (rows are
     independent: every source is padded to `num_steps`). Stops when every sentence has emitted
     ``<eos>`` (``until_eos=False``: always `num_steps` steps, for benchmarks) or after
-    `num_steps` tokens. ``cache=True``: the decoder's key/value cache
-    (`TransformerDecoder.init_kv_state`), each step projects and attends only the new position;
+    `num_steps` tokens. ``cache=True``: a key/value cache, each step projects and attends only
+    the new position, as one hybridized graph of fixed shapes (`DecoderStep`; this hybridizes
+    the decoder's blocks);
     ``cache="inputs"``: the chapter's state, which caches each block's inputs and re-projects
     all of them every step; ``cache=False``: the whole prefix is recomputed every step with the
     graph call ``decoder(prefix, enc_outputs, enc_valid_length)`` (corrected model only).
@@ -53,7 +69,11 @@ def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, 
     batch = len(src_sentences)
     dec_X = np.full((batch, 1), bos, ctx=ctx)  # (batch, 1)
     if cache is True:
-        dec_state = model.decoder.init_kv_state(enc_outputs, enc_valid_length)
+        step_graph, caches = _decoder_step(model.decoder), []
+        for blk in model.decoder._active_blocks():
+            K_enc, V_enc = blk.attention_2.project_kv(enc_outputs)  # once: (batch, T, hidden)
+            empty = np.zeros((batch, num_steps, K_enc.shape[-1]), ctx=ctx)  # (batch, steps, hidden)
+            caches += [empty, empty, K_enc, V_enc]
     elif cache == "inputs":
         dec_state = model.decoder.init_state(enc_outputs, enc_valid_length)
     prefix = dec_X
@@ -61,7 +81,13 @@ def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, 
     done = onp.zeros(batch, dtype=bool)
     lengths = onp.full(batch, num_steps)
     for t in range(num_steps):
-        if cache is False:
+        if cache is True:
+            with warnings.catch_warnings():  # the encoder-side W_k/W_v are not in the graph
+                warnings.filterwarnings("ignore", "Parameter .* is not used", UserWarning)
+                Y, *self_caches = step_graph(dec_X, np.array([t], ctx=ctx), enc_valid_length,
+                                             *caches)  # Y: (batch, 1, vocab)
+            caches[0::4], caches[1::4] = self_caches[0::2], self_caches[1::2]
+        elif cache is False:
             Y = model.decoder(prefix, enc_outputs, enc_valid_length)[:, -1:]  # (batch, 1, vocab)
         else:
             Y, dec_state = model.decoder(dec_X, dec_state)  # (batch, 1, vocab)

@@ -331,6 +331,43 @@ class TransformerDecoder(_BlockStack, Decoder):
         return self.dense(X if self.final_norm is None else self.final_norm(X)), state
 
 
+class DecoderStep(nn.HybridBlock):
+    """One greedy decoding step with a key/value cache, as ONE graph of fixed shapes (issue 4).
+
+    ``step(X, position, enc_valid_length, *caches) -> (logits, *self_caches)``. X: (batch, 1)
+    the tokens at `position` (a (1,) array); caches, per active block of `decoder`: self keys,
+    self values, each (batch, max_len, hidden) with the positions < `position` filled, then
+    encoder keys, encoder values (batch, T, hidden) (`MultiHeadAttention.project_kv`). Only
+    the new position is projected; it is written at `position` and the self-attention reads
+    the first ``position + 1`` keys, so the shapes never change and the step hybridizes
+    (``static_alloc=True, static_shape=True``). The arithmetic is the decoder's own
+    (`DecoderBlock._sublayers` with the projected keys/values); this block holds no weights.
+    """
+
+    def __init__(self, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.decoder = decoder
+
+    def hybrid_forward(self, F, X, position, enc_valid_length, *caches):
+        dec = self.decoder
+        X = dec.pos_encoding(_embed(dec, X), position)  # (batch, 1, d)
+        write = F.npx.arange_like(caches[0], axis=1) == position.astype("float32")  # (max_len,)
+        write = F.np.expand_dims(F.np.expand_dims(write, 0), -1)  # (1, max_len, 1)
+        self_length = F.np.zeros_like(enc_valid_length) + position + 1  # (batch,)
+        new_caches = []
+        for i, blk in enumerate(dec._active_blocks()):
+            K, V, K_enc, V_enc = caches[4 * i:4 * i + 4]
+            Xn = blk.addnorm_1.prenorm(X)
+            k, v = blk.attention_1.project_kv(Xn)  # the new position only: (batch, 1, hidden)
+            K = F.np.where(write, k, K)  # (batch, max_len, hidden)
+            V = F.np.where(write, v, V)
+            X = blk._sublayers(X, Xn, None, self_length, None, enc_valid_length,
+                               [K, V, K_enc, V_enc])
+            new_caches += [K, V]
+        logits = dec.dense(X if dec.final_norm is None else dec.final_norm(X))  # (batch, 1, V)
+        return (logits, *new_caches)
+
+
 class TransformerClassifier(nn.HybridBlock):
     """Encoder-only classifier (BERT-style use of 9.3.5's encoder): the TransformerEncoder, the
     mean of its outputs over the valid positions, and a Dense head to `num_classes` logits."""
