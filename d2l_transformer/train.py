@@ -232,9 +232,10 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     loss_sum, num_tokens)`` is called after every batch with the epoch's running sums.
 
     ``fast=True`` (issue 4) runs the same arithmetic as one hybridized graph
-    (:class:`TrainGraph`, ``static_alloc/static_shape``), clips in one pass and reads the
-    losses back once per epoch; it needs the corrected model (the graph call raises in exact
-    mode). The loop below is shared: only the step function differs.
+    (:class:`TrainGraph`, ``static_alloc/static_shape``), clips and updates all parameters in
+    fused operators (:class:`ClipAdam`, no host sync) and reads the losses back once per epoch;
+    it needs the corrected model (the graph call raises in exact mode). The loop below is
+    shared: only the step function (chosen once, `_fast_step`) differs.
     """
     if trainer is None:
         model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
