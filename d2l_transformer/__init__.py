@@ -24,7 +24,7 @@ from .attention import (  # noqa: E402
     transpose_qkv,
 )
 from .config import CHAPTER, FULL, PRESETS, TINY, TransformerConfig  # noqa: E402
-from .context import parse_ctx, try_gpu  # noqa: E402
+from .context import parse_ctx, parse_ctx_list, try_gpu  # noqa: E402
 from .data import (  # noqa: E402
     DataError,
     Vocab,

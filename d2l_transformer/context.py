@@ -24,3 +24,18 @@ def parse_ctx(spec="auto"):
     if kind == "gpu" and i >= npx.num_gpus():
         raise ValueError(f"context {spec} asked for, but MXNet sees {npx.num_gpus()} GPU(s)")
     return mx.gpu(i) if kind == "gpu" else mx.cpu(i)
+
+
+def parse_ctx_list(spec="auto"):
+    """``--ctx`` with one or more devices: ``gpu:0,gpu:1`` or ``cpu:0,cpu:1`` -> a list of contexts
+    (issue 6's data parallelism; each part as in `parse_ctx`, ``auto`` alone means `try_gpu`).
+
+    Raises ValueError with one line for a bad or repeated device.
+    """
+    parts = [part.strip() for part in (spec or "auto").split(",")]
+    if "" in parts:
+        raise ValueError(f"bad device list {spec!r}: use e.g. gpu:0,gpu:1 or cpu:0,cpu:1")
+    ctxs = [parse_ctx(part) for part in parts]
+    if len(set(ctxs)) != len(ctxs):
+        raise ValueError(f"device list {spec!r} names a device twice")
+    return ctxs

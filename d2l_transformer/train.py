@@ -9,6 +9,7 @@ import numpy as onp
 from mxnet import autograd, gluon, init
 
 from .config import TransformerConfig
+from .distributed import GlobalSum, is_distributed
 from .model import EncoderDecoder, TransformerDecoder, TransformerEncoder
 
 
@@ -179,12 +180,18 @@ class WarmupInverseSqrt(mx.lr_scheduler.LRScheduler):
         return self.base_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
 
 
-def make_trainer(model, lr, warmup_steps=0):
-    """The chapter's Adam trainer; with ``warmup_steps > 0`` on the paper's schedule."""
+def make_trainer(model, lr, warmup_steps=0, kvstore=None):
+    """The chapter's Adam trainer; with ``warmup_steps > 0`` on the paper's schedule.
+
+    ``kvstore`` (issue 6): ``None``/``"device"`` (gradients of several devices summed in this
+    process) or a dist kvstore from `distributed.create_kvstore`. Updates never run on the
+    kvstore (``update_on_kvstore=False``): see `distributed`.
+    """
     params = {"learning_rate": lr}
     if warmup_steps:
         params["lr_scheduler"] = WarmupInverseSqrt(lr, warmup_steps)
-    return gluon.Trainer(model.collect_params(), "adam", params)
+    return gluon.Trainer(model.collect_params(), "adam", params, kvstore=kvstore or "device",
+                         update_on_kvstore=False)
 
 
 def _fast_step(model, trainer, loss):
@@ -197,7 +204,7 @@ def _fast_step(model, trainer, loss):
     update = []  # the ClipAdam, built after the first step's deferred initialisation
 
     def step(X, X_vlen, Y_input, Y_label, Y_vlen):
-        if not params[0]._data:  # deferred init in the faithful order: same weights
+        if any(p._data is None for p in params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
         with autograd.record():
             l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
@@ -214,9 +221,51 @@ def _fast_step(model, trainer, loss):
     return step
 
 
+def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
+    """Data parallelism (issue 6): the same step as on one device, on several at once.
+
+    The batch is split across ``ctxs`` (`gluon.utils.split_and_load`); every device runs the
+    forward and backward passes on its part (the hybridized `TrainGraph` with ``fast``);
+    ``trainer.allreduce_grads()`` sums the gradients over the devices and, with a dist kvstore,
+    over all workers, and leaves the sum on every device; each device clips that same sum by
+    its global norm (so all copies stay equal); ``trainer.update`` divides by the global token
+    count. With the same weights and batches the update equals the single-device one on the
+    whole batch (tests/test_distributed.py, 1e-5).
+    """
+    params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+    if fast:
+        graph = TrainGraph(model, loss)
+        graph.hybridize(static_alloc=True, static_shape=True)
+    else:
+        def graph(X, X_vlen, Y_input, Y_label, Y_vlen):
+            return loss(model(X, Y_input, X_vlen, Y_vlen)[0], Y_label, Y_vlen)
+
+    def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+        used = ctxs[:min(len(ctxs), X.shape[0])]  # a last batch smaller than the device count
+        parts = [gluon.utils.split_and_load(a, used, even_split=False)
+                 for a in (X, X_vlen, Y_input, Y_label, Y_vlen)]
+        if any(p._data is None for p in params):  # deferred init in the faithful order
+            model(*(parts[i][0] for i in (0, 2, 1, 4)))
+        with autograd.record():
+            losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device
+        autograd.backward(losses)
+        for c in ctxs[len(used):]:  # devices without data add nothing to the sum
+            for p in params:
+                p.grad(c)[:] = 0
+                p.data(c)._fresh_grad = True  # and are updated like the others
+        trainer.allreduce_grads()  # every device now holds the sum over devices and workers
+        for c in ctxs:
+            gluon.utils.clip_global_norm([p.grad(c).as_nd_ndarray() for p in params], 1,
+                                         check_isfinite=False)
+        num_tokens = float(Y_vlen.sum())
+        trainer.update(global_tokens(num_tokens)[0])
+        return sum(float(l.sum()) for l in losses), num_tokens
+    return step
+
+
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
                   loss=None, start_epoch=1, epoch_seed=None, on_batch=None,
-                  fast=False):
+                  fast=False, kvstore=None):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -236,12 +285,22 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     fused operators (:class:`ClipAdam`, no host sync) and reads the losses back once per epoch;
     it needs the corrected model (the graph call raises in exact mode). The loop below is
     shared: only the step function (chosen once, `_fast_step`) differs.
+
+    Scale-out (issue 6): ``ctx`` may be a list of devices; each batch is split across them and
+    `_parallel_step` sums the gradients through the trainer's kvstore. ``kvstore`` is a dist
+    kvstore (`distributed.create_kvstore`) when several processes train together: each feeds
+    its own shard of the data, and the reported loss and tokens are sums over all workers.
     """
+    ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
     if trainer is None:
-        model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
-        trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": lr})
+        model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
+        trainer = make_trainer(model, lr, kvstore=kvstore)
     loss = loss or MaskedSoftmaxCELoss()
-    if fast:
+    global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
+    parallel = len(ctxs) > 1 or is_distributed(kvstore)
+    if parallel:
+        step = _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1))
+    elif fast:
         step = _fast_step(model, trainer, loss)
     else:
         def step(X, X_vlen, Y_input, Y_label, Y_vlen):
@@ -261,7 +320,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         tic = time.time()
         loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
         for batch in data_iter:
-            X, X_vlen, Y, Y_vlen = [x.as_in_context(ctx) for x in batch]
+            # a single device gets the batch here; `_parallel_step` splits it across devices
+            X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctx) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
             batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
             loss_sum += batch_loss
@@ -269,7 +329,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             num_tokens_sum += num_tokens
             if on_batch is not None:
                 on_batch(epoch, float(loss_sum), float(num_tokens_sum))
-        loss_sum, ce_sum, num_tokens_sum = float(loss_sum), float(ce_sum), float(num_tokens_sum)
+        loss_sum, ce_sum, num_tokens_sum = global_sum(float(loss_sum), float(ce_sum),
+                                                      float(num_tokens_sum))
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum
         if epoch % 10 == 0:
@@ -280,7 +341,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         "loss": epoch_loss,
         "loss_per_token": ce_sum / num_tokens_sum if num_tokens_sum else float("nan"),
         "tokens_per_sec": num_tokens_sum / elapsed if num_tokens_sum else 0.0,
-        "ctx": str(ctx),
+        "ctx": ",".join(str(c) for c in ctxs),
         "epochs": num_epochs,
         "history": history,
     }
