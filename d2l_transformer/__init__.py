@@ -36,6 +36,7 @@ from .data import (  # noqa: E402
     truncate_pad,
 )
 from .decode import predict_greedy_batch, predict_s2s_ch8  # noqa: E402
+from .distributed import create_kvstore, worker_info  # noqa: E402
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402
 from .model import (  # noqa: E402
     Decoder,
@@ -53,6 +54,7 @@ from .train import (  # noqa: E402
     TrainGraph,
     build_model,
     grad_clipping,
+    make_trainer,
     set_seed,
     train_s2s_ch8,
 )

@@ -113,11 +113,11 @@ def _check_manifest(directory):
                                   f"({os.path.getsize(path)} bytes, saved {entry['bytes']})")
 
 
-def _built_shapes(model, ctx):
+def _built_shapes(model, ctxs):
     """Initialise the model and run it once on dummy input so that every shape is known."""
-    model.initialize(init.Xavier(), ctx=ctx)
-    X = np.ones((1, 2), ctx=ctx)  # (batch, seq_len)
-    model(X, X, np.array([2], ctx=ctx))
+    model.initialize(init.Xavier(), ctx=ctxs)
+    X = np.ones((1, 2), ctx=ctxs[0])  # (batch, seq_len)
+    model(X, X, np.array([2], ctx=ctxs[0]))
     # the structural names save_parameters writes ("decoder.blks.0.ffn.ffn_1.weight")
     return {name: p.shape for name, p in model._collect_params_with_prefix().items()}
 
@@ -140,8 +140,9 @@ def load(directory, ctx=None):
 
     Raises CheckpointError (one line) for a missing directory or file, a damaged or truncated
     file, or parameters that do not fit the model built from config.json and the vocabularies.
+    ``ctx``: a context or a list of them (the parameters are loaded onto each).
     """
-    ctx = ctx or mx.cpu()
+    ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx or mx.cpu()]
     directory = os.path.abspath(directory)
     if not os.path.isdir(directory):
         raise CheckpointError(f"model directory {directory} does not exist")
@@ -156,7 +157,7 @@ def load(directory, ctx=None):
         raise CheckpointError(f"model directory {directory}: {e}") from None
     summary = _read_json(directory, SUMMARY)
     model = build_model(cfg, len(src_vocab), len(tgt_vocab))
-    expected = _built_shapes(model, ctx)
+    expected = _built_shapes(model, ctxs)
     params_path = os.path.join(directory, PARAMS)
     try:
         saved = {name: arr.shape for name, arr in mx.nd.load(params_path).items()}
@@ -171,7 +172,7 @@ def load(directory, ctx=None):
                 f"model directory {directory}: parameter {name} is {saved.get(name)} in {PARAMS} but "
                 f"{trainable.get(name)} for {CONFIG} and the vocabularies "
                 f"({len(src_vocab)} source, {len(tgt_vocab)} target tokens)")
-    model.load_parameters(params_path, ctx=ctx, allow_missing=True)
+    model.load_parameters(params_path, ctx=ctxs, allow_missing=True)
     return model, src_vocab, tgt_vocab, cfg, summary
 
 

@@ -1,4 +1,4 @@
-"""``d2l-transformer train|translate|evaluate|compare``: the package's console script.
+"""``d2l-transformer train|translate|evaluate|compare|launch``: the package's console script.
 
 Only wiring: data from `data`, the model from `train.build_model`, decoding from `beam`, BLEU
 from `evaluate`, model directories from `checkpoint`, the book table from `book`.
@@ -14,10 +14,11 @@ import time
 from mxnet import init
 
 from . import checkpoint
+from ._launch_child import RANK_MARKER
 from .beam import ALPHA, BEAM_SIZE, beam_search
 from .book import SENTENCES, compare_table, load_run
 from .config import PRESETS
-from .context import parse_ctx
+from .context import parse_ctx, parse_ctx_list
 from .data import (
     DataError,
     heldout_nmt,
@@ -27,7 +28,9 @@ from .data import (
     read_data_nmt,
     tokenize_nmt,
 )
+from .distributed import KVSTORES, create_kvstore, worker_info
 from .evaluate import BLEU_PAIRS, SACREBLEU_TOKENIZE, bleu, corpus_bleu
+from .launch import LAUNCHERS, LaunchError, launch
 from .train import MaskedSoftmaxCELoss, book_line, build_model, make_trainer, set_seed, train_s2s_ch8
 
 EXIT_BAD_INPUT, EXIT_ERROR = 1, 2
@@ -197,18 +200,31 @@ def _train_config(args):
 
 
 def cmd_train(args):
-    ctx = parse_ctx(args.ctx)
+    ctxs = parse_ctx_list(args.ctx)
+    ctx = ctxs[0]  # where the final translations run
     cfg = _train_config(args)
+    if args.fast and cfg.exact_chapter:
+        raise UserError("--fast trains the corrected model; --exact-chapter needs the faithful path")
+    kvstore = create_kvstore(args.kvstore)
+    rank, num_workers = worker_info(kvstore)
+    if num_workers > 1:  # `launch` prefixes this worker's lines with its rank from now on
+        print(f"{RANK_MARKER} rank {rank} of {num_workers}", flush=True)
+    batch_size = cfg.batch_size // num_workers  # the preset's batch is the GLOBAL batch
+    if batch_size < len(ctxs):
+        raise UserError(f"batch size {cfg.batch_size} is too small for {num_workers} workers "
+                        f"x {len(ctxs)} devices")
     set_seed(args.seed)
     if cfg.num_valid or cfg.num_test or cfg.num_buckets:
         src_vocab, tgt_vocab, train_iter, _, _ = load_data_split(
-            cfg.batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
-            cfg.num_test, cfg.num_buckets, args.data)
+            batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
+            cfg.num_test, cfg.num_buckets, args.data, rank=rank, num_workers=num_workers)
     else:
-        src_vocab, tgt_vocab, train_iter = load_data_nmt(cfg.batch_size, cfg.num_steps,
-                                                         cfg.num_examples, args.data)
+        src_vocab, tgt_vocab, train_iter = load_data_nmt(batch_size, cfg.num_steps,
+                                                         cfg.num_examples, args.data, rank=rank,
+                                                         num_workers=num_workers)
+    writer = rank == 0  # only rank 0 writes the model directory and prints the results
     if args.resume:
-        model, saved_src, saved_tgt, _, summary = checkpoint.load(args.out, ctx)
+        model, saved_src, saved_tgt, _, summary = checkpoint.load(args.out, ctxs)
         if saved_src.idx_to_token != src_vocab.idx_to_token or \
                 saved_tgt.idx_to_token != tgt_vocab.idx_to_token:
             raise UserError(f"{args.out}: its vocabularies differ from the data's; "
@@ -216,7 +232,7 @@ def cmd_train(args):
         if summary.get("seed") != args.seed:
             raise UserError(f"{args.out} was trained with --seed {summary.get('seed')}, "
                             f"not {args.seed}")
-        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps)
+        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps, kvstore)
         checkpoint.load_trainer_states(args.out, trainer)
         start_epoch = summary["epochs_done"] + 1
         if start_epoch > cfg.num_epochs:
@@ -225,12 +241,13 @@ def cmd_train(args):
             return 0
     else:
         model = build_model(cfg, len(src_vocab), len(tgt_vocab))
-        model.initialize(init.Xavier(), force_reinit=True, ctx=ctx)
-        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps)
+        model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
+        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps, kvstore)
         summary = {"seed": args.seed, "preset": args.preset, "exact_chapter": cfg.exact_chapter,
                    "epoch_history": [], "train_seconds": 0.0, "epochs_done": 0}
         start_epoch = 1
-    print(f"training {cfg.num_epochs} epochs (from epoch {start_epoch}) on {ctx}: "
+    where = ",".join(map(str, ctxs)) + (f", worker {rank} of {num_workers}" if num_workers > 1 else "")
+    print(f"training {cfg.num_epochs} epochs (from epoch {start_epoch}) on {where}: "
           f"{len(src_vocab)} source / {len(tgt_vocab)} target tokens, {len(train_iter)} batches "
           f"per epoch; model directory {args.out}", file=sys.stderr)
     tic = [time.time()]
@@ -240,7 +257,7 @@ def cmd_train(args):
         summary["train_seconds"] += time.time() - tic[0]
         summary["epochs_done"] = epoch
         tic[0] = time.time()
-        if epoch % args.checkpoint_every == 0 or epoch == cfg.num_epochs:
+        if writer and (epoch % args.checkpoint_every == 0 or epoch == cfg.num_epochs):
             checkpoint.save(args.out, model, src_vocab, tgt_vocab, cfg, summary, trainer)
             tic[0] = time.time()
         if args.stop_after and epoch >= args.stop_after:  # for tests of --resume
@@ -248,9 +265,9 @@ def cmd_train(args):
 
     try:
         result = train_s2s_ch8(
-            model, train_iter, cfg.lr, cfg.num_epochs, ctx, on_epoch, trainer=trainer,
+            model, train_iter, cfg.lr, cfg.num_epochs, ctxs, on_epoch, trainer=trainer,
             loss=MaskedSoftmaxCELoss(cfg.label_smoothing), start_epoch=start_epoch,
-            epoch_seed=args.seed * 100000,
+            epoch_seed=args.seed * 100000, fast=args.fast, kvstore=kvstore,
             on_batch=None if args.quiet else Progress(cfg.num_epochs, len(train_iter)))
     except _Stop:
         print(f"stopped after epoch {summary['epochs_done']} (--stop-after); "
@@ -258,6 +275,10 @@ def cmd_train(args):
         return 0
     summary.update({k: result[k] for k in ("loss", "loss_per_token", "tokens_per_sec", "ctx")})
     summary["epochs"] = cfg.num_epochs
+    if not writer:
+        return 0
+    if num_workers > 1:
+        summary.update(num_workers=num_workers, kvstore=args.kvstore)
     summary["translations"] = dict(zip(SENTENCES, translate_tokens(
         model, [_tokens(s) for s in SENTENCES], src_vocab, tgt_vocab, cfg, ctx)))
     checkpoint.save(args.out, model, src_vocab, tgt_vocab, cfg, summary, trainer)
@@ -269,6 +290,15 @@ def cmd_train(args):
 
 class _Stop(Exception):
     """Raised by the epoch callback to stop training (``--stop-after``)."""
+
+
+def cmd_launch(args):
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        return launch(command, args.num_workers, args.num_servers, args.launcher, args.hostfile,
+                      args.timeout)
+    except LaunchError as e:
+        raise UserError(str(e)) from None
 
 
 def cmd_compare(args):
@@ -286,7 +316,13 @@ def get_parser():
     t.add_argument("--epochs", type=int, default=None, help="default: the preset's")
     t.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--ctx", default="auto", help="auto, cpu, cpu:N, gpu, gpu:N")
+    t.add_argument("--ctx", default="auto",
+                   help="auto, cpu, cpu:N, gpu, gpu:N, or a list: gpu:0,gpu:1 (data parallel)")
+    t.add_argument("--kvstore", choices=KVSTORES, default="device",
+                   help="device: the devices of --ctx in this process; dist_sync: several "
+                        "processes started by `d2l-transformer launch`")
+    t.add_argument("--fast", action="store_true",
+                   help="the hybridized training path (issue 4): same numbers, faster")
     t.add_argument("--out", default="out/model", help="the model directory (checkpoints too)")
     t.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                    help="save the model directory every N epochs (and at the end)")
@@ -315,6 +351,18 @@ def get_parser():
             e.add_argument("--max-sentences", type=int, default=1000,
                            help="evaluate at most N sentences of each set")
             e.add_argument("--examples", type=int, default=0, help="print N example translations")
+
+    la = sub.add_parser("launch", help="run a command as a dist_sync job (MXNet's launcher)",
+                        description="Run COMMAND as a dist_sync job: a scheduler, -s servers "
+                                    "and -n workers, e.g. d2l-transformer launch -n 2 -- "
+                                    "d2l-transformer train --kvstore dist_sync")
+    la.add_argument("-n", "--num-workers", type=int, required=True)
+    la.add_argument("-s", "--num-servers", type=int, default=1)
+    la.add_argument("--launcher", choices=LAUNCHERS, default="local")
+    la.add_argument("-H", "--hostfile", default=None, help="hosts, one per line (ssh, mpi)")
+    la.add_argument("--timeout", type=float, default=None, help="stop the job after S seconds")
+    la.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    la.set_defaults(func=cmd_launch)
 
     c = sub.add_parser("compare", help="the book's output beside chapter runs")
     c.add_argument("runs", nargs="+", help="model directories or chapter-script output directories")

@@ -146,15 +146,29 @@ def load_array(data_arrays, batch_size, is_train=True):
     return gluon.data.DataLoader(dataset, batch_size, shuffle=is_train)
 
 
-def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None):
+def shard(items, rank, num_workers):
+    """Worker `rank`'s part of a list (issue 6): every `num_workers`-th item from `rank`, and
+    the same number of items for every worker (up to num_workers - 1 items are left out), so
+    that all workers run the same number of steps, as ``dist_sync`` requires."""
+    if not 0 <= rank < num_workers:
+        raise ValueError(f"rank {rank} is not in 0..{num_workers - 1}")
+    per_worker = len(items) // num_workers
+    return items[rank::num_workers][:per_worker]
+
+
+def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None, *, rank=0, num_workers=1):
     """(src_vocab, tgt_vocab, data_iter) for the first `num_examples` + 1 pairs (d2l).
 
     With the chapter's arguments: 180 source tokens, 162 target tokens, 1001 pairs.
+    ``rank``/``num_workers`` (issue 6): the vocabularies come from all pairs, the batches only
+    from this worker's `shard`.
     """
     text = preprocess_nmt(read_data_nmt(path))
     source, target = tokenize_nmt(text, num_examples)
     src_vocab = Vocab(source, min_freq=3, reserved_tokens=RESERVED_TOKENS)
     tgt_vocab = Vocab(target, min_freq=3, reserved_tokens=RESERVED_TOKENS)
+    if num_workers > 1:
+        source, target = shard(source, rank, num_workers), shard(target, rank, num_workers)
     src_array, src_valid_len = build_array(source, src_vocab, num_steps, True)
     tgt_array, tgt_valid_len = build_array(target, tgt_vocab, num_steps, False)
     data_arrays = (src_array, src_valid_len, tgt_array, tgt_valid_len)
@@ -225,13 +239,14 @@ SPLIT_SEED = 0  # the valid/test split is the same for every run, whatever its -
 
 
 def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
-                    num_test=0, num_buckets=0, path=None):
+                    num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1):
     """`load_data_nmt` with a held-out split and optional bucketing, for corpora beyond the
     chapter's 1001 pairs: ``(src_vocab, tgt_vocab, train_iter, valid, test)``.
 
     The first ``num_examples + 1`` pairs (all when None) are split at random, with a fixed seed,
     into train / `num_valid` / `num_test` pairs; the vocabularies see only the training part.
-    valid and test are ``(source tokens, target tokens)``.
+    valid and test are ``(source tokens, target tokens)``. ``rank``/``num_workers``: as in
+    `load_data_nmt`, only the training batches are this worker's shard.
     """
     text = preprocess_nmt(read_data_nmt(path))
     source, target = tokenize_nmt(text, num_examples)
@@ -239,6 +254,8 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
     train, valid, test = split_pairs(source, target, num_valid, num_test, SPLIT_SEED)
     src_vocab = Vocab(train[0], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
     tgt_vocab = Vocab(train[1], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    if num_workers > 1:
+        train = (shard(train[0], rank, num_workers), shard(train[1], rank, num_workers))
     if num_buckets:
         train_iter = load_bucketed(*train, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets)
     else:

@@ -53,7 +53,10 @@ class GlobalSum:
         self.key = _SUM_KEY + size  # one key per vector length
         self.buffer = mx.nd.zeros((size,))
         if is_distributed(kvstore):
-            kvstore.init(self.key, self.buffer)
+            done = kvstore.__dict__.setdefault("_d2l_global_sum_keys", set())
+            if self.key not in done:  # a key is initialised once per kvstore (a collective)
+                kvstore.init(self.key, self.buffer)
+                done.add(self.key)
 
     def __call__(self, *values):
         if not is_distributed(self.kv):
