@@ -14,7 +14,6 @@ import time
 from mxnet import init
 
 from . import checkpoint
-from ._launch_child import RANK_MARKER
 from .beam import ALPHA, BEAM_SIZE, beam_search
 from .book import SENTENCES, compare_table, load_run
 from .config import PRESETS
@@ -28,7 +27,7 @@ from .data import (
     read_data_nmt,
     tokenize_nmt,
 )
-from .distributed import KVSTORES, create_kvstore, worker_info
+from .distributed import KVSTORES, announce_rank, create_kvstore, worker_info
 from .evaluate import BLEU_PAIRS, SACREBLEU_TOKENIZE, bleu, corpus_bleu
 from .launch import LAUNCHERS, LaunchError, launch
 from .train import MaskedSoftmaxCELoss, book_line, build_model, make_trainer, set_seed, train_s2s_ch8
@@ -208,7 +207,7 @@ def cmd_train(args):
     kvstore = create_kvstore(args.kvstore)
     rank, num_workers = worker_info(kvstore)
     if num_workers > 1:  # `launch` prefixes this worker's lines with its rank from now on
-        print(f"{RANK_MARKER} rank {rank} of {num_workers}", flush=True)
+        announce_rank(kvstore)
     batch_size = cfg.batch_size // num_workers  # the preset's batch is the GLOBAL batch
     if batch_size < len(ctxs):
         raise UserError(f"batch size {cfg.batch_size} is too small for {num_workers} workers "

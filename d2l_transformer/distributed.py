@@ -40,6 +40,14 @@ def worker_info(kvstore):
     return 0, 1
 
 
+def announce_rank(kvstore):
+    """Print this worker's kvstore rank in the line `launch` looks for: from then on it
+    prefixes the worker's output with ``[rank R]`` (the launcher only knows task ids)."""
+    from ._launch_child import RANK_MARKER
+    rank, num_workers = worker_info(kvstore)
+    print(f"{RANK_MARKER} rank {rank} of {num_workers}", flush=True)
+
+
 class GlobalSum:
     """Sums a few host floats over all workers through the kvstore (push, then pull).
 

@@ -97,7 +97,7 @@ def launch(command, num_workers, num_servers=1, launcher="local", hostfile=None,
     """Run `command` as a ``dist_sync`` job through MXNet's launcher; returns the exit status:
     0 when every process succeeded, non-zero when one failed, the job timed out (124) or was
     interrupted (130). Every process it started is stopped before it returns."""
-    stream = stream or sys.stdout
+    stream = sys.stdout if stream is None else stream
     argv = launch_command(command, num_workers, num_servers, launcher, hostfile)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("DMLC_ROLE", None)  # this process's role must not leak into the job's

@@ -35,12 +35,16 @@ ROWS = [  # key, label
     ("batch_1", "(c) batched greedy sentences/s batch=1 "),
     ("batch_64", "(c) batched greedy sentences/s batch=64"),
     ("batch_256", "(c) batched greedy sentences/s batch=256"),
+    ("train_2ctx", "(e) train fast, 2 contexts cpu:0,cpu:1 tokens/s"),
+    ("train_dist2", "(e) train fast, 2 dist_sync workers tokens/s"),
 ]
 RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/faithful", "train_fast", "train_faithful"),
     ("(b) greedy ratio uncached/cached", "greedy_uncached", "greedy_kv"),
     ("(b) greedy ratio chapter state/cached", "greedy_inputs", "greedy_kv"),
     ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
+    ("(e) scale ratio 2 contexts/1 device", "train_2ctx", "train_fast"),
+    ("(e) scale ratio 2 dist_sync workers/1 device", "train_dist2", "train_fast"),
 ]
 DECODE_TOKENS = 50
 
@@ -59,20 +63,32 @@ def _data(cfg):
     return d2t.load_data_nmt(cfg.batch_size, cfg.num_steps, cfg.num_examples)
 
 
-def train_row(s, fast, params_path):
-    """Tokens/s over epochs 2.. (epoch 1 is warm-up: graph building, deferred init)."""
+def train_row(s, fast, params_path, ctx=None, kvstore=None):
+    """Tokens/s over epochs 2.. (epoch 1 is warm-up: graph building, deferred init).
+
+    ``ctx`` a list: data parallel over those devices; ``kvstore`` dist: this worker's shard of
+    the data (half the batch each for 2 workers: the same global batch), global tokens/s."""
     import mxnet as mx
 
     import d2l_transformer as d2t
+    from d2l_transformer.distributed import GlobalSum
     cfg = s["cfg"]
-    src_vocab, tgt_vocab, it = _data(cfg)
+    rank, num_workers = d2t.worker_info(kvstore)
+    if num_workers > 1:
+        src_vocab, tgt_vocab, it = d2t.load_data_nmt(cfg.batch_size // num_workers, cfg.num_steps,
+                                                     cfg.num_examples, rank=rank,
+                                                     num_workers=num_workers)
+    else:
+        src_vocab, tgt_vocab, it = _data(cfg)
     tokens_per_epoch = sum(float((batch[3] - 1).sum()) for batch in it)  # Y_valid_len - 1
+    tokens_per_epoch = GlobalSum(kvstore, 1)(tokens_per_epoch)[0]  # all workers' shards
     d2t.set_seed(0)  # both paths: the same initial weights and batches
     model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
     stamps = []
-    summary = d2t.train_s2s_ch8(model, it, cfg.lr, s["epochs"], mx.cpu(), fast=fast,
+    summary = d2t.train_s2s_ch8(model, it, cfg.lr, s["epochs"], ctx or mx.cpu(), fast=fast,
+                                kvstore=kvstore,
                                 on_epoch=lambda epoch, loss: stamps.append(time.time()))
-    if fast:
+    if fast and ctx is None and kvstore is None:
         model.save_parameters(params_path)
     rate = tokens_per_epoch * (len(stamps) - 1) / (stamps[-1] - stamps[0])
     return rate, {"loss": summary["loss"], "epochs_timed": len(stamps) - 1}
@@ -133,8 +149,42 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def dist_row(quick):
+    """(e): 2 dist_sync workers (1 scheduler, 1 server) on this machine, started by
+    `d2l_transformer.launch`; rank 0 prints its row as JSON."""
+    from d2l_transformer.launch import launch
+
+    class Lines(list):
+        def write(self, text):
+            self.append(text)
+
+        def flush(self):
+            pass
+
+    out = Lines()
+    cmd = [sys.executable, os.path.abspath(__file__), "--row", "train_dist2_worker"]
+    code = launch(cmd + (["--quick"] if quick else []), num_workers=2, num_servers=1,
+                  timeout=900, stream=out)
+    rows = [line.split(" ", 2)[2] for line in out if line.startswith("[rank 0] {")]
+    if code or not rows:
+        raise RuntimeError("the dist_sync row failed:\n" + "".join(out)[-3000:])
+    row = json.loads(rows[-1])
+    return row.pop("value"), row
+
+
 def run_row(key, quick, params_path):
     s = sizes(quick)
+    if key == "train_2ctx":
+        import mxnet as mx
+        return train_row(s, True, params_path, ctx=[mx.cpu(0), mx.cpu(1)])
+    if key == "train_dist2":
+        return dist_row(quick)
+    if key == "train_dist2_worker":  # inside the launched job (scheduler/server: mxnet import)
+        import d2l_transformer as d2t
+        from d2l_transformer.distributed import announce_rank
+        kvstore = d2t.create_kvstore("dist_sync")
+        announce_rank(kvstore)
+        return train_row(s, True, params_path, kvstore=kvstore)
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("greedy_"):
@@ -152,6 +202,8 @@ def main(argv=None):
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.row:  # child: measure one row, print its JSON
+        if args.row == "train_dist2_worker":
+            import mxnet  # noqa: F401  (as scheduler or server, this import runs the role and exits)
         value, extra = run_row(args.row, args.quick, args.params)
         print(json.dumps({"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}))
         return 0

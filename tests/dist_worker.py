@@ -15,13 +15,13 @@ import mxnet as mx  # noqa: F401  (scheduler/server: runs the role here and exit
 from mxnet import init
 
 import d2l_transformer as d2t
-from d2l_transformer.distributed import create_kvstore, worker_info
+from d2l_transformer.distributed import announce_rank, create_kvstore, worker_info
 
 
 def main(out, epochs):
     kv = create_kvstore("dist_sync")
     rank, num_workers = worker_info(kv)
-    print(f"d2l-transformer-kvstore: rank {rank} of {num_workers}", flush=True)
+    announce_rank(kv)
     cfg = d2t.CHAPTER
     d2t.set_seed(100 + rank)  # different on purpose: kvstore.init gives every worker rank 0's weights
     src_vocab, tgt_vocab, it = d2t.load_data_nmt(cfg.batch_size // num_workers, cfg.num_steps,
