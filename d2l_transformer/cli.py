@@ -220,7 +220,8 @@ def cmd_train(args):
     else:
         src_vocab, tgt_vocab, train_iter = load_data_nmt(batch_size, cfg.num_steps,
                                                          cfg.num_examples, args.data, rank=rank,
-                                                         num_workers=num_workers)
+                                                         num_workers=num_workers,
+                                                         fast_loader=args.fast)
     writer = rank == 0  # only rank 0 writes the model directory and prints the results
     if args.resume:
         model, saved_src, saved_tgt, _, summary = checkpoint.load(args.out, ctxs)

@@ -79,7 +79,8 @@ def run(args):
     ctx = d2t.parse_ctx(args.ctx)
     d2t.set_seed(args.seed)  # the run does not depend on whether the toys ran
     src_vocab, tgt_vocab, train_iter = d2t.load_data_nmt(
-        cfg.batch_size, cfg.num_steps, cfg.num_examples, path=args.data)
+        cfg.batch_size, cfg.num_steps, cfg.num_examples, path=args.data,
+        fast_loader=args.fast)  # the same batches either way
     model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
     summary = d2t.train_s2s_ch8(model, train_iter, cfg.lr, cfg.num_epochs, ctx,
                                 fast=args.fast)

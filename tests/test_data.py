@@ -73,3 +73,21 @@ def test_env_variable_points_at_the_data(tmp_path, monkeypatch):
     monkeypatch.setenv("D2L_TRANSFORMER_DATA", str(tmp_path / "elsewhere.zip"))
     with pytest.raises(DataError, match="elsewhere.zip"):
         d2t.load_data_nmt(64, 10)
+
+
+def test_array_batches_are_the_dataloaders_batches():
+    """fast_loader=True (issue 4): the DataLoader's batches, from the same random draws."""
+    import numpy as onp
+    gluon_iter = d2t.load_data_nmt(64, 10)[2]
+    fast_iter = d2t.load_data_nmt(64, 10, fast_loader=True)[2]
+    assert len(fast_iter) == len(gluon_iter) == 16
+    for epoch in range(2):
+        d2t.set_seed(epoch)
+        expected, after_expected = list(gluon_iter), onp.random.rand()
+        d2t.set_seed(epoch)
+        got, after_got = list(fast_iter), onp.random.rand()
+        assert after_got == after_expected  # the same draws from NumPy's RNG
+        assert len(got) == len(expected) == 16 and got[-1][0].shape == (1001 - 15 * 64, 10)
+        for a, b in zip(got, expected):
+            for x, y in zip(a, b):
+                assert x.dtype == y.dtype and (x.asnumpy() == y.asnumpy()).all()
