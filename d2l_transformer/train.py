@@ -321,7 +321,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
         for batch in data_iter:
             # a single device gets the batch here; `_parallel_step` splits it across devices
-            X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctx) for x in batch]
+            X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
             batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
             loss_sum += batch_loss
