@@ -85,11 +85,26 @@ def _stop_group(proc):
             return
         deadline = time.time() + GRACE_SECONDS
         while time.time() < deadline:
+            proc.poll()  # reap the group's leader (our child): a zombie still counts as alive
             try:
                 os.killpg(proc.pid, 0)
             except ProcessLookupError:
                 return
             time.sleep(0.1)
+
+
+def _interruptible():
+    """Make Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt in the waiting launcher, even
+    when it was started with SIGINT ignored (as a shell's background job is); returns a function
+    that restores the previous handlers. Only the main thread can set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
 
 def launch(command, num_workers, num_servers=1, launcher="local", hostfile=None, timeout=None,
@@ -116,6 +131,7 @@ def launch(command, num_workers, num_servers=1, launcher="local", hostfile=None,
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    restore = _interruptible()
     timer = threading.Timer(timeout, lambda: (timed_out.set(), _stop_group(proc))) \
         if timeout else None
     try:
@@ -131,6 +147,7 @@ def launch(command, num_workers, num_servers=1, launcher="local", hostfile=None,
         if timer:
             timer.cancel()
         _stop_group(proc)  # whatever is left: the launcher's orphans
+        restore()
     if timed_out.is_set():
         stream.write(f"[launcher] timed out after {timeout} s: stopped every process of the job\n")
         return 124

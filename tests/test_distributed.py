@@ -97,9 +97,13 @@ def test_trainer_updates_locally_so_the_learning_rate_applies(data):
 
 
 # ------------------------------------------------------------------------- dist_sync, launcher
-def _no_process_with(marker):
+def _processes_with(marker):
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return not [line for line in out.splitlines() if marker in line]
+    return [line for line in out.splitlines() if marker in line]
+
+
+def _no_process_with(marker):
+    return not _processes_with(marker)
 
 
 class _Lines:
@@ -174,9 +178,13 @@ def test_launcher_ctrl_c_stops_everything():
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT)
     try:
-        deadline = time.time() + 60
-        while _no_process_with(marker) and time.time() < deadline:  # the job has started
+        deadline = time.time() + 120
+        while time.time() < deadline:  # wait until the job's 4 processes run (the launcher's
+            job = [p for p in _processes_with(marker) if "_launch_child.py" in p]  # own argv
+            if len(job) >= 4:  # has the marker too): the wrappers of the 4 processes
+                break
             time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[0]
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:
