@@ -137,7 +137,12 @@ def launch(command, num_workers, num_servers=1, launcher="local", hostfile=None,
     try:
         if timer:
             timer.start()
-        code = proc.wait()
+        while True:  # short waits: a signal may wake another thread, not this blocked one
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
         reader.join(timeout=GRACE_SECONDS)
     except KeyboardInterrupt:
         stream.write("[launcher] interrupted: stopping every process of the job\n")

@@ -98,7 +98,7 @@ def test_trainer_updates_locally_so_the_learning_rate_applies(data):
 
 # ------------------------------------------------------------------------- dist_sync, launcher
 def _processes_with(marker):
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout  # -ww: whole lines
     return [line for line in out.splitlines() if marker in line]
 
 
@@ -184,7 +184,7 @@ def test_launcher_ctrl_c_stops_everything():
             if len(job) >= 4:  # has the marker too): the wrappers of the 4 processes
                 break
             time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()[0]
+        assert len(job) >= 4 and proc.poll() is None, proc.communicate()[0]
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:
