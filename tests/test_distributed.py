@@ -98,7 +98,8 @@ def test_trainer_updates_locally_so_the_learning_rate_applies(data):
 
 # ------------------------------------------------------------------------- dist_sync, launcher
 def _processes_with(marker):
-    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout  # -ww: whole lines
+    # -ww: whole lines (ps cuts them at $COLUMNS otherwise, and the marker is at the end)
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line]
 
 
