@@ -59,6 +59,8 @@ def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, 
     graph call ``decoder(prefix, enc_outputs, enc_valid_length)`` (corrected model only).
     One host sync per step (the argmax of the batch).
     """
+    if not src_sentences:
+        return []
     if cache not in (True, False, "inputs"):
         raise ValueError(f"cache must be True, False or 'inputs', not {cache!r}")
     pad, bos, eos = src_vocab["<pad>"], tgt_vocab["<bos>"], tgt_vocab["<eos>"]

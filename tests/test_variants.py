@@ -266,3 +266,27 @@ def test_average_model_dirs(tmp_path):
     for name, value in got.items():
         if name in a:
             assert_close(value, (a[name].asnumpy() + b[name].asnumpy()) / 2, tol=1e-6)
+
+
+def test_compare_variants_quick(tmp_path):
+    """scripts/compare_variants.py --quick: every variant trains, is decoded and scored."""
+    import json
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compare_variants.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path),
+                           "--json", str(tmp_path / "v.json")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "v.json").read_text())
+    names = [v["variant"] for v in result["variants"]]
+    assert len(names) == 7 and names[0] == "chapter (post-norm)"
+    for v in result["variants"]:
+        run = v["runs"][0]
+        assert math.isfinite(run["loss"]) and 0 < run["loss"] < 1
+        assert 0 <= run["bleu"] <= 100 and run["heldout_pairs"] == 20
+    assert (tmp_path / "loss_curves.png").stat().st_size > 1000
+    assert "| fused QKV |" in proc.stdout
