@@ -102,60 +102,71 @@ class ClipAdam:
     The trainer's own optimizer state, update counts and learning-rate schedule are used, so
     ``trainer.save_states`` and a resumed run see the same state as after ``trainer.step``.
 
+    Several devices (issue 6, after ``trainer.allreduce_grads()`` has left the same summed
+    gradient on each): every device's copy is clipped and updated the same way with that
+    device's own Adam state, as ``trainer.update`` would.
+
     ``ClipAdam.supports(trainer)`` is False (use the unfused update) for anything but plain
-    Adam on one device without a kvstore.
+    Adam updated by the workers (no update on a kvstore).
     """
 
     MAX_FUSED = 50  # multi_adamw_update's limit in MXNet 1.9 (more arrays crash)
 
-    def __init__(self, trainer, params, theta):
+    def __init__(self, trainer, params, theta, ctxs=None):
         opt = trainer._optimizer
         if not trainer._kv_initialized:
             trainer._init_kvstore()
         if trainer._params_to_init:
             trainer._init_params()
         self.trainer, self.opt, self.theta = trainer, opt, theta
-        self.updater = trainer._updaters[0]
         self.indices = [trainer._param2idx[p.name] for p in params]
-        self.weights = [p.data().as_nd_ndarray() for p in params]  # legacy views, same memory
-        self.grads = [p.grad().as_nd_ndarray() for p in params]
-        self.opt._set_current_context(self.weights[0].context.device_id)
-        states = self.updater.states
-        for i, w in zip(self.indices, self.weights):
-            if i not in states:
-                states[i] = opt.create_state_multi_precision(i, w)
-                self.updater.states_synced[i] = True
-        self.means = [states[i][0] for i in self.indices]
-        self.vars = [states[i][1] for i in self.indices]
+        self.devices = []  # per device: (device_id, weights, grads, means, vars)
+        for ctx, updater in zip(ctxs or [params[0].list_ctx()[0]], trainer._updaters):
+            weights = [p.data(ctx).as_nd_ndarray() for p in params]  # legacy views, same memory
+            grads = [p.grad(ctx).as_nd_ndarray() for p in params]
+            opt._set_current_context(ctx.device_id)
+            states = updater.states
+            for i, w in zip(self.indices, weights):
+                if i not in states:
+                    states[i] = opt.create_state_multi_precision(i, w)
+                    updater.states_synced[i] = True
+            self.devices.append((ctx.device_id, weights, grads, [states[i][0] for i in self.indices],
+                                 [states[i][1] for i in self.indices]))
 
     @staticmethod
     def supports(trainer):
         opt = trainer._optimizer
+        one_device = len(trainer._contexts) == 1 and \
+            trainer._kvstore_params.get("kvstore") in ("device", None)
         return (type(opt) is mx.optimizer.Adam and not opt.multi_precision
-                and len(trainer._contexts) == 1 and not opt.clip_gradient
-                and trainer._kvstore_params.get("kvstore") in ("device", None)
+                and not opt.clip_gradient and (one_device or trainer._update_on_kvstore is False)
                 and not getattr(trainer, "_amp_loss_scaler", None))
 
-    def rescale(self, num_tokens):
-        """(1,): min(1, theta / global norm) / num_tokens, computed on the device."""
-        sum_sq = mx.nd.multi_sum_sq(*self.grads, num_arrays=len(self.grads))  # (num_params,)
+    def rescale(self, num_tokens, grads=None):
+        """(1,): min(1, theta / global norm) / num_tokens, computed on the gradients' device."""
+        grads = grads or self.devices[0][2]
+        sum_sq = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))  # (num_params,)
         norm = mx.nd.sqrt(mx.nd.sum(sum_sq))  # (1,)
         coef = mx.nd.minimum(self.theta / norm, 1.0)  # theta / norm only if norm > theta
+        if isinstance(num_tokens, (int, float)):
+            return coef / num_tokens
         return coef / num_tokens.as_nd_ndarray().astype("float32")
 
     def __call__(self, num_tokens):
         opt = self.opt
-        opt._update_count(self.indices)
-        t = opt._index_update_count[self.indices[0]]
-        bias = math.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t)  # as Adam.update
-        lrs = [lr * bias for lr in opt._get_lrs(self.indices)]
-        wds, rescale = opt._get_wds(self.indices), self.rescale(num_tokens)
-        for i in range(0, len(self.weights), self.MAX_FUSED):  # 64 parameters: 2 calls
-            part = slice(i, i + self.MAX_FUSED)
-            mx.nd.contrib.multi_adamw_update(
-                self.weights[part], self.grads[part], self.means[part], self.vars[part],
-                rescale, lrs[part], wds[part], [1.0] * len(lrs[part]), beta1=opt.beta1,
-                beta2=opt.beta2, epsilon=opt.epsilon, out=self.weights[part])
+        for device_id, weights, grads, means, variances in self.devices:
+            opt._set_current_context(device_id)  # the update counts are per device, as in MXNet
+            opt._update_count(self.indices)
+            t = opt._index_update_count[self.indices[0]]
+            bias = math.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t)  # as Adam.update
+            lrs = [lr * bias for lr in opt._get_lrs(self.indices)]
+            wds, rescale = opt._get_wds(self.indices), self.rescale(num_tokens, grads)
+            for i in range(0, len(weights), self.MAX_FUSED):  # 64 parameters: 2 calls
+                part = slice(i, i + self.MAX_FUSED)
+                mx.nd.contrib.multi_adamw_update(
+                    weights[part], grads[part], means[part], variances[part], rescale, lrs[part],
+                    wds[part], [1.0] * len(lrs[part]), beta1=opt.beta1, beta2=opt.beta2,
+                    epsilon=opt.epsilon, out=weights[part])
 
 
 def grad_clipping(model, theta):
@@ -233,6 +244,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
     whole batch (tests/test_distributed.py, 1e-5).
     """
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+    update = []  # the ClipAdam, built after the first allreduce (the kvstore exists then)
     if fast:
         graph = TrainGraph(model, loss)
         graph.hybridize(static_alloc=True, static_shape=True)
@@ -254,11 +266,17 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
                 p.grad(c)[:] = 0
                 p.data(c)._fresh_grad = True  # and are updated like the others
         trainer.allreduce_grads()  # every device now holds the sum over devices and workers
-        for c in ctxs:
-            gluon.utils.clip_global_norm([p.grad(c).as_nd_ndarray() for p in params], 1,
-                                         check_isfinite=False)
         num_tokens = float(Y_vlen.sum())
-        trainer.update(global_tokens(num_tokens)[0])
+        if not update:  # fused clip + Adam on every device (issue 4's ClipAdam) when it applies
+            update.append(ClipAdam(trainer, params, 1, ctxs) if fast and ClipAdam.supports(trainer)
+                          else None)
+        if update[0] is not None:
+            update[0](global_tokens(num_tokens)[0])
+        else:
+            for c in ctxs:
+                gluon.utils.clip_global_norm([p.grad(c).as_nd_ndarray() for p in params], 1,
+                                             check_isfinite=False)
+            trainer.update(global_tokens(num_tokens)[0])
         return sum(float(l.sum()) for l in losses), num_tokens
     return step
 
