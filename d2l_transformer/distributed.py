@@ -10,6 +10,8 @@ warmup schedule effective (with updates on the servers they would be ignored), a
 every worker with the same parameters as the others.
 """
 
+import os
+
 import mxnet as mx
 
 KVSTORES = ("device", "local", "dist_sync", "dist_device_sync")
@@ -25,6 +27,11 @@ def create_kvstore(name):
         raise ValueError(f"unknown kvstore {name!r}: use one of {', '.join(KVSTORES)}")
     if not name.startswith("dist"):
         return name
+    missing = [v for v in ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                           "DMLC_NUM_WORKER") if v not in os.environ]
+    if missing:  # ps-lite would abort the process with a C++ check failure
+        raise ValueError(f"--kvstore {name} needs the variables a launcher sets ({', '.join(missing)} "
+                         "missing): start it with `d2l-transformer launch -n N -- ...`")
     return mx.kv.create(name)
 
 

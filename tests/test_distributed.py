@@ -224,3 +224,12 @@ def test_cli_dist_sync_only_rank_0_writes(tmp_path):
     assert any(line.startswith("[rank 1] training 2 epochs") for line in lines)
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["num_workers"] == 2 and summary["epochs_done"] == 2
+
+
+def test_dist_kvstore_outside_a_launcher_is_a_one_line_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    proc = subprocess.run([sys.executable, "-m", "d2l_transformer.cli", "train", "--kvstore",
+                           "dist_sync", "--epochs", "1", "--out", str(tmp_path / "m")],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --kvstore dist_sync needs")
