@@ -6,6 +6,7 @@ import weakref
 import numpy as onp
 from mxnet import np
 
+from . import kernels
 from .data import truncate_pad
 from .model import DecoderStep
 
@@ -33,15 +34,18 @@ def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
     return " ".join(tgt_vocab.to_tokens(predict_tokens))
 
 
-_STEPS = weakref.WeakKeyDictionary()  # decoder -> its hybridized DecoderStep (built once)
+_STEPS = weakref.WeakKeyDictionary()  # decoder -> {device type: its hybridized DecoderStep}
 
 
-def _decoder_step(decoder):
-    if decoder not in _STEPS:
+def _decoder_step(decoder, ctx):
+    """The decoder's cached-step graph for `ctx`'s device type, built once (CPU: with the
+    fused kernels, `kernels.fused`)."""
+    steps = _STEPS.setdefault(decoder, {})
+    if ctx.device_type not in steps:
         step = DecoderStep(decoder)
         step.hybridize(static_alloc=True, static_shape=True)
-        _STEPS[decoder] = step
-    return _STEPS[decoder]
+        steps[ctx.device_type] = step
+    return steps[ctx.device_type]
 
 
 def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, ctx, cache=True,
@@ -71,7 +75,7 @@ def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, 
     batch = len(src_sentences)
     dec_X = np.full((batch, 1), bos, ctx=ctx)  # (batch, 1)
     if cache is True:
-        step_graph, caches = _decoder_step(model.decoder), []
+        step_graph, caches = _decoder_step(model.decoder, ctx), []
         for blk in model.decoder._active_blocks():
             K_enc, V_enc = blk.attention_2.project_kv(enc_outputs)  # once: (batch, T, hidden)
             empty = np.zeros((batch, num_steps, K_enc.shape[-1]), ctx=ctx)  # (batch, steps, hidden)
@@ -84,7 +88,7 @@ def predict_greedy_batch(model, src_sentences, src_vocab, tgt_vocab, num_steps, 
     lengths = onp.full(batch, num_steps)
     for t in range(num_steps):
         if cache is True:
-            with warnings.catch_warnings():  # the encoder-side W_k/W_v are not in the graph
+            with warnings.catch_warnings(), kernels.fused(ctx):  # encoder-side W_k/W_v: unused
                 warnings.filterwarnings("ignore", "Parameter .* is not used", UserWarning)
                 Y, *self_caches = step_graph(dec_X, np.array([t], ctx=ctx), enc_valid_length,
                                              *caches)  # Y: (batch, 1, vocab)

@@ -1,7 +1,10 @@
 """9.3.2-9.3.4 Position-wise FFN, add & norm, positional encoding."""
 
+import mxnet as mx
 from mxnet import init, np
 from mxnet.gluon import nn
+
+from . import kernels
 
 
 class PositionWiseFFN(nn.HybridBlock):
@@ -35,10 +38,29 @@ class ScaleNorm(nn.HybridBlock):
         return g * X / F.np.maximum(norm, self.eps)
 
 
+class LayerNorm(nn.LayerNorm):
+    """The chapter's ``nn.LayerNorm`` (same parameters, same checkpoints, same values).
+
+    ``norm(X, residual)`` normalizes ``X + residual`` (AddNorm's sum, in that order). Inside a
+    graph traced under `kernels.fused` on a CPU, it runs the fused kernel (issue 4: MXNet 1.9's
+    CPU LayerNorm backward is a third of a fast training step); everywhere else, MXNet's
+    ``LayerNorm`` after an ordinary add.
+    """
+
+    def hybrid_forward(self, F, data, residual=None, gamma=None, beta=None):
+        """data, residual: (batch, seq_len, d) -> (batch, seq_len, d)."""
+        if F is mx.sym and kernels.active() and self._axis == -1 and self._center \
+                and self._scale:
+            return kernels.layer_norm(F, data, residual, gamma, beta, self._epsilon)
+        if residual is not None:
+            data = data + residual  # (batch, seq_len, d)
+        return super().hybrid_forward(F, data, gamma, beta)
+
+
 def make_norm(norm="layer", hidden_size=None):
     """The normalization layer: ``"layer"`` (the chapter's LayerNorm) or ``"scale"`` (ScaleNorm)."""
     if norm == "layer":
-        return nn.LayerNorm()
+        return LayerNorm()
     if norm == "scale":
         return ScaleNorm(hidden_size)
     raise ValueError(f"unknown norm {norm!r}: expected 'layer' or 'scale'")
@@ -66,6 +88,8 @@ class AddNorm(nn.HybridBlock):
         """X, Y: (batch, seq_len, d) -> (batch, seq_len, d)."""
         if self.pre_norm:
             return self.dropout(Y) + X
+        if isinstance(self.norm, LayerNorm):
+            return self.norm(self.dropout(Y), X)  # LayerNorm(dropout(Y) + X), one kernel in graphs
         return self.norm(self.dropout(Y) + X)
 
 

@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as onp
 from mxnet import autograd, gluon, init
 
+from . import kernels
 from .config import TransformerConfig
 from .distributed import GlobalSum, is_distributed
 from .model import EncoderDecoder, TransformerDecoder, TransformerEncoder
@@ -217,7 +218,7 @@ def _fast_step(model, trainer, loss):
     def step(X, X_vlen, Y_input, Y_label, Y_vlen):
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
-        with autograd.record():
+        with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
             l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
         l.backward()
         num_tokens = Y_vlen.sum()
@@ -258,7 +259,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
                  for a in (X, X_vlen, Y_input, Y_label, Y_vlen)]
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
-        with autograd.record():
+        with autograd.record(), kernels.fused(used):
             losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device
         autograd.backward(losses)
         for c in ctxs[len(used):]:  # devices without data add nothing to the sum
