@@ -68,7 +68,8 @@ def build(force=False):
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode:
-            raise RuntimeError(f"{cxx} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            errors = [line for line in proc.stderr.splitlines() if "error" in line]
+            raise RuntimeError(f"{cxx} failed: {(errors or proc.stderr.splitlines() or [''])[0]}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
