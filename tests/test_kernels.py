@@ -12,6 +12,7 @@ from mxnet import autograd, np
 from mxnet.gluon import nn
 
 from d2l_transformer import kernels
+from d2l_transformer.attention import MultiHeadAttention
 from d2l_transformer.layers import AddNorm, LayerNorm
 
 
@@ -128,3 +129,49 @@ def test_disabled_or_unbuildable_falls_back_with_one_line(tmp_path):
     lines = [line for line in broken.stderr.splitlines() if "kernels unavailable" in line]
     assert len(lines) == 1 and "Traceback" not in broken.stderr
     assert not list(tmp_path.glob("*.so"))  # no half-written library left behind
+
+
+def _attention_run(query, key, valid_length, causal, fused, dout):
+    """MultiHeadAttention(hidden 32, 4 heads) with fixed weights: imperative (the chapter's
+    ops) or hybridized inside `kernels.fused`; output and gradients of inputs and weights."""
+    mx.random.seed(0)
+    attention = MultiHeadAttention(32, 4, 0.0, causal=causal)
+    attention.initialize(mx.init.Xavier(), ctx=mx.cpu())
+    attention(query, key, key, valid_length)  # deferred init, same seed: same weights
+    if fused:
+        attention.hybridize(static_alloc=True, static_shape=True)
+    query, key = query.copy(), key.copy()
+    query.attach_grad()
+    key.attach_grad()
+    args = (query, key, key) if valid_length is None else (query, key, key, valid_length)
+    with autograd.record(), kernels.fused(mx.cpu()):
+        out = attention(*args)
+    out.backward(dout)
+    if fused:
+        assert "d2t_attention" in attention._cached_graph[1].tojson()
+    return [out, query.grad, key.grad] + [p.grad() for p in attention.collect_params().values()]
+
+
+@pytest.mark.parametrize("case", ["lengths", "causal", "cross", "per_query", "step", "empty"])
+def test_fused_attention_equals_the_chapter_ops(case):
+    """Forward and backward of the one-operator attention == the chapter's imperative ops."""
+    rng = onp.random.RandomState(3)
+    batch, tq, tk = 5, 7, 7
+    valid_length, causal = np.array([7, 3, 1, 5, 2]), False
+    if case == "causal":
+        valid_length, causal = None, True
+    elif case == "cross":
+        tq = 4
+    elif case == "per_query":
+        valid_length = np.array(rng.randint(1, tk + 1, size=(batch, tq)))
+    elif case == "step":  # the cached decoder: one query, a key buffer, the filled length
+        tq, tk, causal = 1, 9, True
+    elif case == "empty":  # d2l: a fully masked row gets uniform weights
+        valid_length = np.array([0, 3, 7, 0, 2])
+    query = np.array(rng.normal(size=(batch, tq, 32)), dtype="float32")
+    key = np.array(rng.normal(size=(batch, tk, 32)), dtype="float32")
+    dout = np.array(rng.normal(size=(batch, tq, 32)), dtype="float32")
+    ref = _attention_run(query, key, valid_length, causal, False, dout)
+    ours = _attention_run(query, key, valid_length, causal, True, dout)
+    for i, (a, b) in enumerate(zip(ref, ours)):
+        onp.testing.assert_allclose(b.asnumpy(), a.asnumpy(), atol=2e-5, rtol=1e-5, err_msg=i)

@@ -5,8 +5,11 @@ for the chapter's (64, 10, 32) activations, about a third of a fast training ste
 wheel ships its custom-operator library API (``include/mxnet/lib_api.h``, ``src/lib_api.cc``),
 so `layer_norm.cc` here adds two operators with one pass over the rows, forward and backward:
 ``d2t_layer_norm`` (LayerNorm over the last axis) and ``d2t_add_layer_norm`` (LayerNorm of a
-sum, the chapter's post-norm AddNorm in one operator). Same function, same parameters; values
-equal MXNet's to float32 rounding (tests/test_kernels.py).
+sum, the chapter's post-norm AddNorm in one operator); `attention.cc` adds ``d2t_attention``:
+the multi-head attention core (split heads, scores / sqrt(d), d2l's masked softmax, weighted
+sum, merge heads — 12 MXNet operators and their backward passes) reading the heads in place.
+Same functions, same parameters; values equal MXNet's to float32 rounding
+(tests/test_kernels.py).
 
 How it is used: `load()` compiles the library once per MXNet install into a cache directory
 (``$D2L_TRANSFORMER_CACHE`` or ``~/.cache/d2l_transformer``; ~10 s with ``c++``/``$CXX``) and
@@ -27,7 +30,8 @@ import warnings
 
 import mxnet as mx
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layer_norm.cc")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [os.path.join(HERE, name) for name in ("layer_norm.cc", "attention.cc")]
 _state = {"loaded": None, "active": 0}  # loaded: None = not tried, True/False = the outcome
 
 
@@ -37,15 +41,17 @@ def _mxnet_dir():
 
 def library_path():
     """Where the compiled library for this source and this MXNet install lives."""
-    with open(SOURCE, "rb") as f:
-        key = hashlib.sha1(f.read() + mx.__version__.encode() + _mxnet_dir().encode())
+    key = hashlib.sha1(mx.__version__.encode() + _mxnet_dir().encode())
+    for source in SOURCES:
+        with open(source, "rb") as f:
+            key.update(f.read())
     cache = os.environ.get("D2L_TRANSFORMER_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "d2l_transformer")
     return os.path.join(cache, f"libd2t_kernels-{key.hexdigest()[:12]}.so")
 
 
 def build(force=False):
-    """Compile `layer_norm.cc` with MXNet's ``lib_api.cc``; returns the library's path.
+    """Compile `SOURCES` with MXNet's ``lib_api.cc`` into one library; returns its path.
 
     Written to a temporary file and renamed, so that processes building at once (several
     workers) never load a half-written library. Raises RuntimeError with the compiler's message.
@@ -63,7 +69,7 @@ def build(force=False):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
     os.close(fd)
-    cmd = [cxx, "-O3", "-std=c++14", "-shared", "-fPIC", SOURCE, lib_api,
+    cmd = [cxx, "-O3", "-std=c++14", "-shared", "-fPIC", *SOURCES, lib_api,
            "-I" + os.path.join(mxdir, "include"), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -88,7 +94,8 @@ def load():
             return False
         try:
             mx.library.load(build(), verbose=False)
-            _state["loaded"] = hasattr(mx.sym, "d2t_add_layer_norm")
+            _state["loaded"] = hasattr(mx.sym, "d2t_add_layer_norm") and hasattr(
+                mx.sym, "d2t_attention_masked")
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operator
             warnings.warn(f"d2l_transformer: fused LayerNorm kernels unavailable ({e}); "
                           "using MXNet's LayerNorm (same numbers, slower)", stacklevel=2)
@@ -121,4 +128,20 @@ def layer_norm(F, data, residual, gamma, beta, eps):
     nd = [x.as_nd_ndarray() for x in (data, residual, gamma, beta) if x is not None]
     op = F.d2t_layer_norm if residual is None else F.d2t_add_layer_norm
     return op(*nd, eps=eps).as_np_ndarray()
+
+
+def attention(F, query, key, value, valid_length, num_heads, causal, scale):
+    """The chapter's multi-head attention core, from projected queries/keys/values to the
+    concatenated heads, in one operator (`attention.cc`), in a graph.
+
+    query: (batch, Tq, hidden); key, value: (batch, Tk, hidden); valid_length: None, (batch,)
+    or (batch, Tq) per example (not repeated per head). Returns (batch, Tq, hidden): what
+    ``transpose_output(attention(transpose_qkv(...)))`` returns, with the scores divided by
+    `scale` (sqrt(d)) and d2l's masked softmax (``causal``: keys after each query hidden)."""
+    nd = [query.as_nd_ndarray(), key.as_nd_ndarray(), value.as_nd_ndarray()]
+    attrs = {"num_heads": num_heads, "causal": int(bool(causal)), "scale": repr(float(scale))}
+    if valid_length is None:
+        return F.d2t_attention(*nd, **attrs).as_np_ndarray()
+    length = valid_length.astype("float32").as_nd_ndarray()  # (batch,) or (batch, Tq)
+    return F.d2t_attention_masked(*nd, length, **attrs).as_np_ndarray()
 
