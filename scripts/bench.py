@@ -4,8 +4,13 @@ batched greedy translation, measured side by side in ONE run on this machine.
 
 Rows (each measured in its own subprocess, so that its peak resident memory is its own):
 (a) training tokens/s at the chapter's hyperparameters: the chapter's own code (its classes on
-    the d2l 0.11.4 oracle, d2l's loop), our faithful imperative path and the fast path
-    (same data, same seed, same number of epochs; the first epoch is excluded as warm-up);
+    the d2l 0.11.4 oracle, d2l's loop), our faithful imperative path, the fast path, and the
+    fast path without the fused CPU kernels (``D2L_TRANSFORMER_KERNELS=0``: MXNet's own
+    operators) — same data, same seed, same number of epochs; the first epoch is excluded as
+    warm-up. These rows run ``--repeats`` rounds (default 3), interleaved (book, faithful,
+    fast, fast without kernels, book, ...), because this machine's speed drifts by 2x within
+    minutes: a row's value is its median over the rounds, and a training ratio is the median
+    of the per-round ratios (rows measured within seconds of each other);
 (b) greedy decoding ms/sentence at 50 target tokens (no early stop): the key/value cache, the
     chapter's state (caches block inputs, re-projects them every step), and no cache (the whole
     prefix recomputed every step; imperative, and as a hybridized graph);
@@ -31,6 +36,7 @@ ROWS = [  # key, label
     ("train_book", "(a) train, the chapter's own code tokens/s"),
     ("train_faithful", "(a) train faithful tokens/s"),
     ("train_fast", "(a) train fast tokens/s"),
+    ("train_fast_nokernels", "(a) train fast, no fused kernels tokens/s"),
     ("greedy_kv", "(b) greedy ms/sentence, key/value cache"),
     ("greedy_inputs", "(b) greedy ms/sentence, chapter state (inputs)"),
     ("greedy_uncached", "(b) greedy ms/sentence, no cache"),
@@ -45,6 +51,7 @@ RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/faithful", "train_fast", "train_faithful"),
     ("(a) train ratio fast/the chapter's own code", "train_fast", "train_book"),
     ("(a) train ratio faithful/the chapter's own code", "train_faithful", "train_book"),
+    ("(a) train ratio fast/fast without kernels", "train_fast", "train_fast_nokernels"),
     ("(b) greedy ratio uncached/cached", "greedy_uncached", "greedy_kv"),
     ("(b) greedy ratio chapter state/cached", "greedy_inputs", "greedy_kv"),
     ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
@@ -52,6 +59,8 @@ RATIOS = [  # label, numerator, denominator
     ("(e) scale ratio 2 dist_sync workers/1 device", "train_dist2", "train_fast"),
 ]
 DECODE_TOKENS = 50
+REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels")
+NO_KERNELS = {"D2L_TRANSFORMER_KERNELS": "0"}
 
 
 def sizes(quick):
@@ -94,7 +103,7 @@ def train_row(s, fast, params_path, ctx=None, kvstore=None):
     summary = d2t.train_s2s_ch8(model, it, cfg.lr, s["epochs"], ctx or mx.cpu(), fast=fast,
                                 kvstore=kvstore,
                                 on_epoch=lambda epoch, loss: stamps.append(time.time()))
-    if fast and ctx is None and kvstore is None:
+    if fast and ctx is None and kvstore is None and params_path:
         model.save_parameters(params_path)
     rate = tokens_per_epoch * (len(stamps) - 1) / (stamps[-1] - stamps[0])
     return rate, {"loss": summary["loss"], "epochs_timed": len(stamps) - 1}
@@ -149,6 +158,12 @@ def batch_row(s, params_path, batch_size):
         d2t.predict_greedy_batch(model, sentences[i:i + batch_size], src_vocab, tgt_vocab,
                                  num_steps, mx.cpu())
     return n / (time.time() - tic), {"sentences": n}
+
+
+def _median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _peak_rss_mb():
@@ -230,6 +245,16 @@ def run_row(key, quick, params_path):
         kvstore = d2t.create_kvstore("dist_sync")
         announce_rank(kvstore)
         return train_row(s, True, params_path, kvstore=kvstore)
+    if key == "train_fast_nokernels":  # the same fast path on MXNet's own operators
+        previous = os.environ.get("D2L_TRANSFORMER_KERNELS")
+        os.environ.update(NO_KERNELS)
+        try:
+            return train_row(s, True, None)
+        finally:
+            if previous is None:
+                del os.environ["D2L_TRANSFORMER_KERNELS"]
+            else:
+                os.environ["D2L_TRANSFORMER_KERNELS"] = previous
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("greedy_"):
@@ -243,6 +268,8 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="TINY sizes, under a minute (CI)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="interleaved rounds of the (a) training rows (default 3; --quick: 1)")
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -252,29 +279,55 @@ def main(argv=None):
         value, extra = run_row(args.row, args.quick, args.params)
         print(json.dumps({"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}))
         return 0
-    results = {}
+    results, rounds = {}, []
     header = "peak RSS MB" if not args.quick else "RSS MB (cum.)"
     print(f"{'row':52s} {'value':>10s} {header:>14s}", flush=True)
+    repeats = 1 if args.quick else args.repeats
     with tempfile.TemporaryDirectory() as tmp:
         params = os.path.join(tmp, "model.params")
-        for key, label in ROWS:
+
+        def measure(key):
             if args.quick:  # one process, data read once; the RSS column is cumulative
                 value, extra = run_row(key, True, params)
-                results[key] = {"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}
-            else:  # a process per row: each row's own peak RSS
-                cmd = [sys.executable, os.path.abspath(__file__), "--row", key, "--params", params]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                if proc.returncode:
-                    print(f"error: row {key} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-                    return 1
-                results[key] = json.loads(proc.stdout.strip().splitlines()[-1])
-            results[key]["label"] = label
-            print(f"{label:52s} {results[key]['value']:10.1f} "
-                  f"{results[key]['peak_rss_mb']:14.1f}", flush=True)
+                return {"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}
+            # a process per row: each row's own peak RSS
+            cmd = [sys.executable, os.path.abspath(__file__), "--row", key, "--params", params]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"row {key} failed:\n{proc.stderr[-2000:]}")
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+
+        try:
+            for r in range(repeats):  # the training rows, interleaved
+                rounds.append({key: measure(key) for key in REPEATED})
+                if repeats > 1:
+                    print(f"  round {r + 1}: " + ", ".join(
+                        f"{key} {rounds[-1][key]['value']:.0f}" for key in REPEATED), flush=True)
+            for key, label in ROWS:
+                if key in REPEATED:
+                    values = [rnd[key]["value"] for rnd in rounds]
+                    results[key] = {**rounds[-1][key], "value": _median(values), "rounds": values,
+                                    "peak_rss_mb": max(rnd[key]["peak_rss_mb"] for rnd in rounds)}
+                else:
+                    results[key] = measure(key)
+                results[key]["label"] = label
+                print(f"{label:52s} {results[key]['value']:10.1f} "
+                      f"{results[key]['peak_rss_mb']:14.1f}", flush=True)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     for label, num, den in RATIOS:
-        ratio = results[num]["value"] / results[den]["value"]
-        results[label] = ratio
-        print(f"{label:52s} {ratio:9.2f}x", flush=True)
+        if num in REPEATED and den in REPEATED:  # the median of same-round ratios
+            per_round = [rnd[num]["value"] / rnd[den]["value"] for rnd in rounds]
+            ratio = _median(per_round)
+            results[label] = ratio
+            results[label + " (rounds)"] = per_round
+            spread = f"   rounds: {', '.join(f'{x:.2f}' for x in per_round)}" if repeats > 1 else ""
+        else:
+            ratio = results[num]["value"] / results[den]["value"]
+            results[label] = ratio
+            spread = ""
+        print(f"{label:52s} {ratio:9.2f}x{spread}", flush=True)
     if args.json:
         results["quick"] = args.quick
         with open(args.json, "w") as f:

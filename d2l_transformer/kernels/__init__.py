@@ -83,15 +83,19 @@ def build(force=False):
     return path
 
 
+def _enabled():
+    """``D2L_TRANSFORMER_KERNELS=0`` turns the kernels off (read at every `fused`)."""
+    return os.environ.get("D2L_TRANSFORMER_KERNELS", "1") != "0"
+
+
 def load():
     """Build (once) and load the kernels into MXNet; True when they are usable.
 
     Never raises: on any failure it warns once, in one line, and returns False (MXNet's own
     LayerNorm is used then)."""
     if _state["loaded"] is None:
-        if os.environ.get("D2L_TRANSFORMER_KERNELS", "1") == "0":
-            _state["loaded"] = False
-            return False
+        if not _enabled():
+            return False  # not recorded: the variable is read again next time
         try:
             mx.library.load(build(), verbose=False)
             _state["loaded"] = hasattr(mx.sym, "d2t_add_layer_norm") and hasattr(
@@ -108,7 +112,7 @@ def fused(ctx):
     """Graphs traced inside this block use the kernels, if `ctx` (a device or a list of
     devices) is CPU only and the kernels load. Nestable; the graphs stay as traced."""
     ctxs = ctx if isinstance(ctx, (list, tuple)) else [ctx]
-    on = all(c.device_type == "cpu" for c in ctxs) and load()
+    on = all(c.device_type == "cpu" for c in ctxs) and _enabled() and load()
     _state["active"] += on
     try:
         yield
