@@ -197,7 +197,7 @@ def test_bench_quick_prints_every_row(tmp_path):
                          capture_output=True, text=True, timeout=300, check=True).stdout
     for row in ("train faithful", "train fast", "train ratio", "key/value cache",
                 "chapter state", "no cache", "no cache, hybridized", "greedy ratio", "batch=1 ",
-                "batch=64", "batch=256"):
+                "batch=64", "batch=256", "no fused kernels", "fast/fast without kernels"):
         assert row in out, row
     figures = json.loads((tmp_path / "b.json").read_text())
     assert figures["train_fast"]["value"] > 0 and figures["(a) train ratio fast/faithful"] > 0
