@@ -28,7 +28,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["d2l_transformer", "d2l_transformer.*"]),
-    package_data={"d2l_transformer.kernels": ["*.cc"]},  # compiled on first use (kernels/)
+    package_data={"d2l_transformer.kernels": ["*.cc", "*.h"]},  # compiled on first use (kernels/)
     python_requires=">=3.8",
     install_requires=[
         "numpy>=1.16,<1.24",  # mxnet 1.9.1 uses np.bool, removed in numpy 1.24

@@ -24,7 +24,7 @@ def get_parser():
                    help="reproduce the book exactly, its three bugs included")
     p.add_argument("--fast", action="store_true",
                    help="issue 4: train as one hybridized graph with fused clipping + Adam "
-                        "(same numbers to float rounding, ~2.5x faster; not with --exact-chapter)")
+                        "(same numbers to float rounding, ~5x faster on a CPU; not with --exact-chapter)")
     p.add_argument("--out", default="out/chapter", help="directory for summary.json and figures")
     p.add_argument("--data", default=None, help="path of fra-eng.zip (default: data/fra-eng.zip)")
     p.add_argument("--skip-toys", action="store_true", help="do not print the toy checks")

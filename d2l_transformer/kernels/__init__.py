@@ -32,6 +32,7 @@ import mxnet as mx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name) for name in ("layer_norm.cc", "attention.cc")]
+HEADERS = [os.path.join(HERE, "common.h")]
 _state = {"loaded": None, "active": 0}  # loaded: None = not tried, True/False = the outcome
 
 
@@ -42,7 +43,7 @@ def _mxnet_dir():
 def library_path():
     """Where the compiled library for this source and this MXNet install lives."""
     key = hashlib.sha1(mx.__version__.encode() + _mxnet_dir().encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         with open(source, "rb") as f:
             key.update(f.read())
     cache = os.environ.get("D2L_TRANSFORMER_CACHE") or os.path.join(

@@ -18,9 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "mxnet/lib_api.h"
+#include "common.h"
 
 using namespace mxnet::ext;
+using d2t::attr;
+using d2t::in;
+using d2t::out;
 
 namespace {
 
@@ -29,12 +32,6 @@ struct Dims {
   bool causal, has_length, length_per_query;
   float scale;
 };
-
-std::string attr(const std::unordered_map<std::string, std::string>& attrs, const char* key,
-                 const char* fallback) {
-  auto it = attrs.find(key);
-  return it == attrs.end() ? fallback : it->second;
-}
 
 Dims dims_of(const std::unordered_map<std::string, std::string>& attrs, const MXTensor& q,
              const MXTensor& k, const MXTensor* length) {
@@ -52,8 +49,6 @@ Dims dims_of(const std::unordered_map<std::string, std::string>& attrs, const MX
   return s;
 }
 
-const float* in(const MXTensor& t) { return static_cast<const float*>(t.data_ptr); }
-float* out(MXTensor& t) { return static_cast<float*>(t.data_ptr); }
 
 // The number of keys query i of example b sees (0: d2l's fully masked row).
 inline int64_t keys_seen(const Dims& s, const float* length, int64_t b, int64_t i) {
@@ -166,26 +161,6 @@ MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs
   return MX_SUCCESS;
 }
 
-template <int NUM_IN>
-MXReturnValue parse_attrs(const std::unordered_map<std::string, std::string>& attrs,
-                          int* num_in, int* num_out) {
-  *num_in = NUM_IN;
-  *num_out = 1;
-  return MX_SUCCESS;
-}
-
-MXReturnValue infer_type(const std::unordered_map<std::string, std::string>& attrs,
-                         std::vector<int>* in_types, std::vector<int>* out_types) {
-  for (int t : *in_types) {
-    if (t != kFloat32) {
-      MX_ERROR_MSG << "d2t attention: float32 inputs only";
-      return MX_FAIL;
-    }
-  }
-  (*out_types)[0] = kFloat32;
-  return MX_SUCCESS;
-}
-
 MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& attrs,
                           std::vector<std::vector<unsigned int>>* in_shapes,
                           std::vector<std::vector<unsigned int>>* out_shapes) {
@@ -215,13 +190,13 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
 REGISTER_OP(d2t_attention)
 .setForward(forward<false>, "cpu")
 .setBackward(backward<false>, "cpu")
-.setParseAttrs(parse_attrs<3>)
-.setInferType(infer_type)
+.setParseAttrs(d2t::parse_attrs<3>)
+.setInferType(d2t::float32_only)
 .setInferShape(infer_shape);
 
 REGISTER_OP(d2t_attention_masked)
 .setForward(forward<true>, "cpu")
 .setBackward(backward<true>, "cpu")
-.setParseAttrs(parse_attrs<4>)
-.setInferType(infer_type)
+.setParseAttrs(d2t::parse_attrs<4>)
+.setInferType(d2t::float32_only)
 .setInferShape(infer_shape);

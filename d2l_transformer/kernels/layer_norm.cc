@@ -18,16 +18,16 @@
 #include <string>
 #include <vector>
 
-#include "mxnet/lib_api.h"
+#include "common.h"
 
 using namespace mxnet::ext;
+using d2t::attr;
+using d2t::in;
+using d2t::out;
 
 namespace {
 
-float eps_of(const std::unordered_map<std::string, std::string>& attrs) {
-  auto it = attrs.find("eps");
-  return it == attrs.end() ? 1e-5f : std::stof(it->second);
-}
+float eps_of(const d2t::Attrs& attrs) { return std::stof(attr(attrs, "eps", "1e-5")); }
 
 // Sum of a[0:n] in 8 independent partial sums: no add-latency chain, and the compiler
 // vectorizes it (a single accumulator made the kernel latency-bound, ~1 ns per element).
@@ -92,8 +92,6 @@ void ln_backward(const float* dout, const float* x, const float* y, const float*
 
 int64_t last_dim(const MXTensor& t) { return t.shape.back(); }
 
-const float* in(const MXTensor& t) { return static_cast<const float*>(t.data_ptr); }
-float* out(MXTensor& t) { return static_cast<float*>(t.data_ptr); }
 
 // inputs: data, gamma, beta (or x, y, gamma, beta); outputs: out
 template <bool ADD>
@@ -118,26 +116,6 @@ MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs
   ln_backward(in((*inputs)[0]), in(x), ADD ? in((*inputs)[2]) : nullptr, in((*inputs)[ADD + 2]),
               dx, out((*outputs)[ADD + 1]), out((*outputs)[ADD + 2]), rows, D, eps_of(attrs));
   if (ADD) std::copy(dx, dx + x.size(), out((*outputs)[1]));  // d(x + y)/dy == d(x + y)/dx
-  return MX_SUCCESS;
-}
-
-template <int NUM_IN>
-MXReturnValue parse_attrs(const std::unordered_map<std::string, std::string>& attrs,
-                          int* num_in, int* num_out) {
-  *num_in = NUM_IN;
-  *num_out = 1;
-  return MX_SUCCESS;
-}
-
-MXReturnValue infer_type(const std::unordered_map<std::string, std::string>& attrs,
-                         std::vector<int>* in_types, std::vector<int>* out_types) {
-  for (int t : *in_types) {
-    if (t != kFloat32) {
-      MX_ERROR_MSG << "d2t layer norm: float32 inputs only";
-      return MX_FAIL;
-    }
-  }
-  (*out_types)[0] = kFloat32;
   return MX_SUCCESS;
 }
 
@@ -175,15 +153,15 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
 REGISTER_OP(d2t_layer_norm)
 .setForward(forward<false>, "cpu")
 .setBackward(backward<false>, "cpu")
-.setParseAttrs(parse_attrs<3>)
-.setInferType(infer_type)
+.setParseAttrs(d2t::parse_attrs<3>)
+.setInferType(d2t::float32_only)
 .setInferShape(infer_shape<1>);
 
 REGISTER_OP(d2t_add_layer_norm)
 .setForward(forward<true>, "cpu")
 .setBackward(backward<true>, "cpu")
-.setParseAttrs(parse_attrs<4>)
-.setInferType(infer_type)
+.setParseAttrs(d2t::parse_attrs<4>)
+.setInferType(d2t::float32_only)
 .setInferShape(infer_shape<2>);
 
 MXReturnValue initialize(int version) {
