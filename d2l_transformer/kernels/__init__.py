@@ -12,7 +12,8 @@ Same functions, same parameters; values equal MXNet's to float32 rounding
 (tests/test_kernels.py).
 
 How it is used: `load()` compiles the library once per MXNet install into a cache directory
-(``$D2L_TRANSFORMER_CACHE`` or ``~/.cache/d2l_transformer``; ~10 s with ``c++``/``$CXX``) and
+(``$D2L_TRANSFORMER_CACHE`` or ``~/.cache/d2l_transformer``, else a directory under the
+temporary one if that is not writable; ~10 s with ``c++``/``$CXX``) and
 loads it. Graphs traced inside ``with fused(ctx):`` — the fast training step and the cached
 greedy step do this — use the kernels when `ctx` is a CPU; everything else (imperative calls,
 the faithful path, ``--exact-chapter``, GPU contexts, graphs a user hybridizes) runs MXNet's own
@@ -48,6 +49,13 @@ def library_path():
             key.update(f.read())
     cache = os.environ.get("D2L_TRANSFORMER_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "d2l_transformer")
+    try:
+        os.makedirs(cache, exist_ok=True)
+        writable = os.access(cache, os.W_OK)
+    except OSError:
+        writable = False
+    if not writable:  # a read-only home: this user's directory under the temporary directory
+        cache = os.path.join(tempfile.gettempdir(), f"d2l_transformer-{os.getuid()}")
     return os.path.join(cache, f"libd2t_kernels-{key.hexdigest()[:12]}.so")
 
 
