@@ -302,7 +302,9 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     ``fast=True`` (issue 4) runs the same arithmetic as one hybridized graph
     (:class:`TrainGraph`, ``static_alloc/static_shape``), clips and updates all parameters in
     fused operators (:class:`ClipAdam`, no host sync) and reads the losses back once per epoch;
-    it needs the corrected model (the graph call raises in exact mode). The loop below is
+    on a CPU the graph's LayerNorms and attention cores are the fused kernels of `kernels`
+    (same function; MXNet's operators when they cannot be built). It needs the corrected model
+    (the graph call raises in exact mode). The loop below is
     shared: only the step function (chosen once, `_fast_step`) differs.
 
     Scale-out (issue 6): ``ctx`` may be a list of devices; each batch is split across them and
