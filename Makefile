@@ -17,8 +17,8 @@ $(VENV)/.installed: setup.py constraints.txt
 	$(PIP) install -c constraints.txt -e '.[cpu,test,notebook]'
 	# the d2l library the chapter called, as a test oracle only (its pins do not install on 3.11)
 	$(PIP) install --no-deps d2l==0.11.4
-	# the fast path's fused LayerNorm kernels, compiled against this MXNet (optional: without a
-	# C++ compiler the fast path uses MXNet's LayerNorm, same numbers, slower)
+	# the fast path's fused CPU kernels, compiled against this MXNet (optional: without a
+	# C++ compiler the fast path uses MXNet's operators, same numbers, slower)
 	$(BIN)/python -m d2l_transformer.kernels || echo "fused kernels not built (see above)"
 	touch $@
 

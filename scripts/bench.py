@@ -27,10 +27,12 @@ import functools
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from unittest import mock
 
 ROWS = [  # key, label
     ("train_book", "(a) train, the chapter's own code tokens/s"),
@@ -60,7 +62,6 @@ RATIOS = [  # label, numerator, denominator
 ]
 DECODE_TOKENS = 50
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels")
-NO_KERNELS = {"D2L_TRANSFORMER_KERNELS": "0"}
 
 
 def sizes(quick):
@@ -160,12 +161,6 @@ def batch_row(s, params_path, batch_size):
     return n / (time.time() - tic), {"sentences": n}
 
 
-def _median(values):
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
 def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -246,15 +241,8 @@ def run_row(key, quick, params_path):
         announce_rank(kvstore)
         return train_row(s, True, params_path, kvstore=kvstore)
     if key == "train_fast_nokernels":  # the same fast path on MXNet's own operators
-        previous = os.environ.get("D2L_TRANSFORMER_KERNELS")
-        os.environ.update(NO_KERNELS)
-        try:
+        with mock.patch.dict(os.environ, {"D2L_TRANSFORMER_KERNELS": "0"}):
             return train_row(s, True, None)
-        finally:
-            if previous is None:
-                del os.environ["D2L_TRANSFORMER_KERNELS"]
-            else:
-                os.environ["D2L_TRANSFORMER_KERNELS"] = previous
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("greedy_"):
@@ -273,6 +261,8 @@ def main(argv=None):
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     if args.row:  # child: measure one row, print its JSON
         if args.row == "train_dist2_worker":
             import mxnet  # noqa: F401  (as scheduler or server, this import runs the role and exits)
@@ -306,7 +296,7 @@ def main(argv=None):
             for key, label in ROWS:
                 if key in REPEATED:
                     values = [rnd[key]["value"] for rnd in rounds]
-                    results[key] = {**rounds[-1][key], "value": _median(values), "rounds": values,
+                    results[key] = {**rounds[-1][key], "value": statistics.median(values), "rounds": values,
                                     "peak_rss_mb": max(rnd[key]["peak_rss_mb"] for rnd in rounds)}
                 else:
                     results[key] = measure(key)
@@ -319,7 +309,7 @@ def main(argv=None):
     for label, num, den in RATIOS:
         if num in REPEATED and den in REPEATED:  # the median of same-round ratios
             per_round = [rnd[num]["value"] / rnd[den]["value"] for rnd in rounds]
-            ratio = _median(per_round)
+            ratio = statistics.median(per_round)
             results[label] = ratio
             results[label + " (rounds)"] = per_round
             spread = f"   rounds: {', '.join(f'{x:.2f}' for x in per_round)}" if repeats > 1 else ""

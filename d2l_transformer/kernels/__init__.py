@@ -17,8 +17,8 @@ temporary one if that is not writable; ~10 s with ``c++``/``$CXX``) and
 loads it. Graphs traced inside ``with fused(ctx):`` — the fast training step and the cached
 greedy step do this — use the kernels when `ctx` is a CPU; everything else (imperative calls,
 the faithful path, ``--exact-chapter``, GPU contexts, graphs a user hybridizes) runs MXNet's own
-``LayerNorm``. No compiler, a failed build or ``D2L_TRANSFORMER_KERNELS=0``: MXNet's operator
-with a one-line warning, the same numbers, only slower.
+operators. No compiler, a failed build or ``D2L_TRANSFORMER_KERNELS=0``: MXNet's operators
+(after a one-line warning when the build fails), the same numbers, only slower.
 """
 
 import contextlib
@@ -101,7 +101,7 @@ def load():
     """Build (once) and load the kernels into MXNet; True when they are usable.
 
     Never raises: on any failure it warns once, in one line, and returns False (MXNet's own
-    LayerNorm is used then)."""
+    operators are used then)."""
     if _state["loaded"] is None:
         if not _enabled():
             return False  # not recorded: the variable is read again next time
@@ -109,9 +109,9 @@ def load():
             mx.library.load(build(), verbose=False)
             _state["loaded"] = hasattr(mx.sym, "d2t_add_layer_norm") and hasattr(
                 mx.sym, "d2t_attention_masked")
-        except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operator
-            warnings.warn(f"d2l_transformer: fused LayerNorm kernels unavailable ({e}); "
-                          "using MXNet's LayerNorm (same numbers, slower)", stacklevel=2)
+        except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
+            warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
+                          "using MXNet's operators (same numbers, slower)", stacklevel=2)
             _state["loaded"] = False
     return _state["loaded"]
 
