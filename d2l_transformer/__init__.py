@@ -35,8 +35,8 @@ from .data import (  # noqa: E402
     tokenize_nmt,
     truncate_pad,
 )
-from .decode import predict_greedy_batch, predict_s2s_ch8  # noqa: E402
-from .distributed import create_kvstore, worker_info  # noqa: E402
+from .dist.kvstore import create_kvstore, worker_info  # noqa: E402
+from .inference.decode import predict_greedy_batch, predict_s2s_ch8  # noqa: E402
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402
 from .model import (  # noqa: E402
     Decoder,
@@ -47,12 +47,12 @@ from .model import (  # noqa: E402
     EncoderDecoder,
     TransformerDecoder,
     TransformerEncoder,
+    build_model,
 )
-from .train import (  # noqa: E402
+from .training import (  # noqa: E402
     ClipAdam,
     MaskedSoftmaxCELoss,
     TrainGraph,
-    build_model,
     grad_clipping,
     make_trainer,
     set_seed,

@@ -13,8 +13,6 @@ import time
 
 from mxnet import init
 
-from . import checkpoint
-from .beam import ALPHA, BEAM_SIZE, beam_search
 from .book import SENTENCES, compare_table, load_run
 from .config import PRESETS
 from .context import parse_ctx, parse_ctx_list
@@ -27,10 +25,13 @@ from .data import (
     read_data_nmt,
     tokenize_nmt,
 )
-from .distributed import KVSTORES, announce_rank, create_kvstore, worker_info
+from .dist.kvstore import KVSTORES, announce_rank, create_kvstore, worker_info
+from .dist.launch import LAUNCHERS, LaunchError, launch
 from .evaluate import BLEU_PAIRS, SACREBLEU_TOKENIZE, bleu, corpus_bleu
-from .launch import LAUNCHERS, LaunchError, launch
-from .train import MaskedSoftmaxCELoss, book_line, build_model, make_trainer, set_seed, train_s2s_ch8
+from .inference.beam import ALPHA, BEAM_SIZE, beam_search
+from .io import checkpoint
+from .model import build_model
+from .training import MaskedSoftmaxCELoss, book_line, make_trainer, set_seed, train_s2s_ch8
 
 EXIT_BAD_INPUT, EXIT_ERROR = 1, 2
 BATCH = 64  # sentences decoded together
@@ -104,7 +105,7 @@ def cmd_translate(args):
     for out in outputs:  # one output line per input line, empty when skipped
         print(out)
     if args.attention and good:
-        from .plot import plot_attention_maps
+        from .viz.png import plot_attention_maps
         first = outputs[ok.index(True)].split()
         for path in plot_attention_maps(model, good[0], first, src_vocab, tgt_vocab,
                                         cfg.num_steps, ctx, args.attention):

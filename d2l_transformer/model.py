@@ -368,20 +368,18 @@ class DecoderStep(nn.HybridBlock):
         return (logits, *new_caches)
 
 
-class TransformerClassifier(nn.HybridBlock):
-    """Encoder-only classifier (BERT-style use of 9.3.5's encoder): the TransformerEncoder, the
-    mean of its outputs over the valid positions, and a Dense head to `num_classes` logits."""
+def build_model(cfg, src_vocab_size, tgt_vocab_size):
+    """The chapter's EncoderDecoder; the only function that reads a config.
 
-    def __init__(self, encoder, num_classes, **kwargs):
-        super().__init__(**kwargs)
-        self.encoder = encoder
-        self.output = nn.Dense(num_classes)
-
-    def hybrid_forward(self, F, X, valid_length):
-        """X: (batch, seq_len) ids; valid_length: (batch,) -> (batch, num_classes)."""
-        H = self.encoder(X, valid_length)  # (batch, seq_len, d)
-        mask = F.np.expand_dims(F.npx.arange_like(H, axis=1), 0) \
-            < F.np.expand_dims(valid_length.astype("float32"), 1)  # (batch, seq_len)
-        mask = F.np.expand_dims(mask.astype("float32"), -1)  # (batch, seq_len, 1)
-        pooled = F.np.sum(H * mask, axis=1) / F.np.sum(mask, axis=1)  # (batch, d)
-        return self.output(pooled)
+    ``cfg.exact_chapter`` builds the decoder with ``src_vocab_size`` as the book does (bug 1);
+    otherwise its output layer has ``tgt_vocab_size`` entries.
+    """
+    args = (cfg.embedding_size, cfg.ffn_hidden_size, cfg.num_heads, cfg.num_layers, cfg.dropout)
+    variants = {"pre_norm": cfg.pre_norm, "norm": cfg.norm, "fixnorm": cfg.fixnorm,
+                "layerdrop": cfg.layerdrop, "drophead": cfg.drophead, "fused_qkv": cfg.fused_qkv}
+    encoder = TransformerEncoder(src_vocab_size, *args, exact_chapter=cfg.exact_chapter,
+                                 **variants)
+    decoder_vocab_size = src_vocab_size if cfg.exact_chapter else tgt_vocab_size
+    decoder = TransformerDecoder(decoder_vocab_size, *args, exact_chapter=cfg.exact_chapter,
+                                 **variants)
+    return EncoderDecoder(encoder, decoder)

@@ -12,7 +12,7 @@ from mxnet.gluon import nn
 
 import d2l_transformer as d2t
 from d2l_transformer.book import SENTENCES, compare_table
-from d2l_transformer.plot import plot_loss, plot_positional_encoding
+from d2l_transformer.viz.png import plot_loss, plot_positional_encoding
 
 
 def get_parser():
@@ -84,7 +84,7 @@ def run(args):
     model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
     summary = d2t.train_s2s_ch8(model, train_iter, cfg.lr, cfg.num_epochs, ctx,
                                 fast=args.fast)
-    print(d2t.train.book_line(summary))
+    print(d2t.training.book_line(summary))
     print("loss per target token (cross-entropy): %.3f" % summary["loss_per_token"])
     translations = {}
     for sentence in SENTENCES:

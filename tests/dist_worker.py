@@ -15,7 +15,7 @@ import mxnet as mx  # noqa: F401  (scheduler/server: runs the role here and exit
 from mxnet import init
 
 import d2l_transformer as d2t
-from d2l_transformer.distributed import announce_rank, create_kvstore, worker_info
+from d2l_transformer.dist.kvstore import announce_rank, create_kvstore, worker_info
 
 
 def main(out, epochs):

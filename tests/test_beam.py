@@ -5,8 +5,8 @@ import pytest
 from mxnet import init
 
 import d2l_transformer as d2t
-from d2l_transformer.beam import beam_search, length_penalty, score_translation
 from d2l_transformer.data import heldout_nmt
+from d2l_transformer.inference.beam import beam_search, length_penalty, score_translation
 
 CHAPTER_SENTENCES = ["go .", "i lost .", "he's calm .", "i'm home .", "wow !", "i won !"]
 

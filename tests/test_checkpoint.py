@@ -8,8 +8,8 @@ import pytest
 from mxnet import np
 
 import d2l_transformer as d2t
-from d2l_transformer import checkpoint
-from d2l_transformer.checkpoint import CheckpointError
+from d2l_transformer.io import checkpoint
+from d2l_transformer.io.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_mismatched_vocab_or_config_fails_in_one_line(trained, tmp_path):
             os.replace(os.path.join(directory + "-other", name), os.path.join(directory, name))
         with open(os.path.join(directory, "manifest.json")) as f:
             manifest = json.load(f)
-        from d2l_transformer.checkpoint import _sha256  # the params hash is the real one
+        from d2l_transformer.io.checkpoint import _sha256  # the params hash is the real one
         manifest["params.params"]["sha256"] = _sha256(os.path.join(directory, "params.params"))
         with open(os.path.join(directory, "manifest.json"), "w") as f:
             json.dump(manifest, f)

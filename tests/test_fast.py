@@ -34,7 +34,7 @@ def _steps(model, batches, fast):
     """Run the train step of train_s2s_ch8 (faithful or fast) on fixed batches; per-step losses
     and the trainer."""
     trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": 0.005})
-    fast_step = d2t.train._fast_step(model, trainer, d2t.MaskedSoftmaxCELoss())
+    fast_step = d2t.training.steps._fast_step(model, trainer, d2t.MaskedSoftmaxCELoss())
     losses = []
     for X, X_vlen, Y, Y_vlen in batches:
         Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1

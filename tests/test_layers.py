@@ -5,7 +5,7 @@ import math
 import chapter_reference as book
 import numpy as onp
 from conftest import assert_close, copy_params
-from mxnet import np
+from mxnet import init, np
 
 import d2l_transformer as d2t
 
@@ -58,5 +58,5 @@ def test_positional_encoding_survives_force_reinit():
     pe = d2t.PositionalEncoding(8, 0)
     pe.initialize()
     before = pe.P.data().asnumpy().copy()
-    pe.initialize(d2t.train.init.Xavier(), force_reinit=True)
+    pe.initialize(init.Xavier(), force_reinit=True)
     onp.testing.assert_array_equal(pe.P.data().asnumpy(), before)

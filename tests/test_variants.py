@@ -9,10 +9,15 @@ from mxnet import autograd, np
 
 import d2l_transformer as d2t
 from d2l_transformer.attention import drophead_schedule, fuse_qkv_params
-from d2l_transformer.averaging import average_checkpoints
-from d2l_transformer.classify import accuracy, load_data_lang_id, train_classifier
+from d2l_transformer.contrib.averaging import average_checkpoints
+from d2l_transformer.contrib.classify import (
+    TransformerClassifier,
+    accuracy,
+    load_data_lang_id,
+    train_classifier,
+)
 from d2l_transformer.layers import ScaleNorm
-from d2l_transformer.model import TransformerClassifier, every_other_layers
+from d2l_transformer.model import every_other_layers
 
 V_SRC, V_TGT, D, FFN, HEADS, LAYERS = 30, 20, 16, 32, 4, 2
 OFF = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0.0,
@@ -247,8 +252,8 @@ def test_classifier_above_chance(ctx):
 
 
 def test_average_model_dirs(tmp_path):
-    from d2l_transformer import checkpoint
-    from d2l_transformer.averaging import average_model_dirs
+    from d2l_transformer.contrib.averaging import average_model_dirs
+    from d2l_transformer.io import checkpoint
     src_vocab = tgt_vocab = d2t.Vocab([["a", "b"]], reserved_tokens=d2t.data.RESERVED_TOKENS)
     dirs = []
     for seed in (1, 2):

@@ -7,8 +7,28 @@ whole pairs go to the held-out split, so no test sentence's translation is seen 
 import time
 
 from mxnet import autograd, gluon, init, np
+from mxnet.gluon import nn
 
-from .data import RESERVED_TOKENS, Vocab, build_array, preprocess_nmt, read_data_nmt, tokenize_nmt
+from ..data import RESERVED_TOKENS, Vocab, build_array, preprocess_nmt, read_data_nmt, tokenize_nmt
+
+
+class TransformerClassifier(nn.HybridBlock):
+    """Encoder-only classifier (BERT-style use of 9.3.5's encoder): the TransformerEncoder, the
+    mean of its outputs over the valid positions, and a Dense head to `num_classes` logits."""
+
+    def __init__(self, encoder, num_classes, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = encoder
+        self.output = nn.Dense(num_classes)
+
+    def hybrid_forward(self, F, X, valid_length):
+        """X: (batch, seq_len) ids; valid_length: (batch,) -> (batch, num_classes)."""
+        H = self.encoder(X, valid_length)  # (batch, seq_len, d)
+        mask = F.np.expand_dims(F.npx.arange_like(H, axis=1), 0) \
+            < F.np.expand_dims(valid_length.astype("float32"), 1)  # (batch, seq_len)
+        mask = F.np.expand_dims(mask.astype("float32"), -1)  # (batch, seq_len, 1)
+        pooled = F.np.sum(H * mask, axis=1) / F.np.sum(mask, axis=1)  # (batch, d)
+        return self.output(pooled)
 
 
 def load_data_lang_id(batch_size, num_steps, num_examples=1000, test_fraction=0.2, path=None):

@@ -50,7 +50,7 @@ def attention_maps(model, src_tokens, tgt_tokens, src_vocab, tgt_vocab, num_step
     import numpy as onp
     from mxnet import np
 
-    from .beam import encode
+    from ..inference.beam import encode
 
     n, h = len(src_tokens), model.encoder.blks[0].attention.num_heads
     enc_outputs, enc_valid_length = encode(model, [src_tokens], src_vocab, num_steps, ctx)

@@ -6,9 +6,9 @@ import weakref
 import numpy as onp
 from mxnet import np
 
-from . import kernels
-from .data import truncate_pad
-from .model import DecoderStep
+from .. import kernels
+from ..data import truncate_pad
+from ..model import DecoderStep
 
 
 def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):

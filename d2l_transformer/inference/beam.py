@@ -12,7 +12,7 @@ import mxnet as mx
 from gluonnlp.model import BeamSearchSampler, BeamSearchScorer
 from mxnet import np, npx
 
-from .data import truncate_pad
+from ..data import truncate_pad
 
 BEAM_SIZE, ALPHA = 4, 0.6  # the paper's (6.1)
 

@@ -25,9 +25,9 @@ import tempfile
 import mxnet as mx
 from mxnet import init, np
 
-from .config import TransformerConfig
-from .data import Vocab
-from .train import build_model
+from ..config import TransformerConfig
+from ..data import Vocab
+from ..model import build_model
 
 PARAMS, SRC_VOCAB, TGT_VOCAB = "params.params", "src_vocab.json", "tgt_vocab.json"
 CONFIG, SUMMARY, TRAINER, MANIFEST = "config.json", "summary.json", "trainer.states", "manifest.json"

@@ -1,0 +1,1 @@
+"""Beyond the translation model: checkpoint averaging and an encoder-only classifier."""

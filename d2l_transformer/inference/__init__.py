@@ -1,0 +1,1 @@
+"""Translating with a trained model: greedy decoding and beam search."""

@@ -1,0 +1,1 @@
+"""Files: model directories (`checkpoint`)."""

@@ -1,0 +1,7 @@
+"""Training (9.3.7): the loss, the optimiser, the step (imperative, graph, data-parallel) and
+the one loop that runs it."""
+
+from .loop import book_line, set_seed, train_s2s_ch8
+from .loss import MaskedSoftmaxCELoss
+from .optim import ClipAdam, WarmupInverseSqrt, grad_clipping, make_trainer
+from .steps import TrainGraph

@@ -1,0 +1,128 @@
+"""The chapter's optimisation: gradient clipping and Adam (`make_trainer`), the fused `ClipAdam`
+update of the graph path, and the paper's warmup schedule (Vaswani et al. 2017, 5.3)."""
+
+import math
+
+import mxnet as mx
+from mxnet import gluon
+
+
+def _clip_global(params, theta):
+    """One-pass global-norm clipping (gluon.utils.clip_global_norm), no host sync here."""
+    grads = [p.grad().as_nd_ndarray() for p in params]  # legacy views, same memory
+    gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
+
+
+class ClipAdam:
+    """The fast path's update (issue 4): the book's clipping and Adam in two fused operators.
+
+    Same arithmetic as ``grad_clipping(model, theta); trainer.step(num_tokens)``: the gradient
+    of the summed loss is scaled by ``theta / norm`` when its global norm exceeds theta, then
+    Adam runs with ``rescale_grad = 1 / num_tokens``. Here the global norm is one
+    ``multi_sum_sq`` over all gradients, the clip coefficient and ``1 / num_tokens`` become one
+    (1,) array on the device that is Adam's ``rescale_grad``, and all parameters are updated by
+    one ``multi_adamw_update`` (AdamW with eta=1 and the trainer's wd is Adam). No host sync.
+    The trainer's own optimizer state, update counts and learning-rate schedule are used, so
+    ``trainer.save_states`` and a resumed run see the same state as after ``trainer.step``.
+
+    Several devices (issue 6, after ``trainer.allreduce_grads()`` has left the same summed
+    gradient on each): every device's copy is clipped and updated the same way with that
+    device's own Adam state, as ``trainer.update`` would.
+
+    ``ClipAdam.supports(trainer)`` is False (use the unfused update) for anything but plain
+    Adam updated by the workers (no update on a kvstore).
+    """
+
+    MAX_FUSED = 50  # multi_adamw_update's limit in MXNet 1.9 (more arrays crash)
+
+    def __init__(self, trainer, params, theta, ctxs=None):
+        opt = trainer._optimizer
+        if not trainer._kv_initialized:
+            trainer._init_kvstore()
+        if trainer._params_to_init:
+            trainer._init_params()
+        self.trainer, self.opt, self.theta = trainer, opt, theta
+        self.indices = [trainer._param2idx[p.name] for p in params]
+        self.devices = []  # per device: (device_id, weights, grads, means, vars)
+        for ctx, updater in zip(ctxs or [params[0].list_ctx()[0]], trainer._updaters):
+            weights = [p.data(ctx).as_nd_ndarray() for p in params]  # legacy views, same memory
+            grads = [p.grad(ctx).as_nd_ndarray() for p in params]
+            opt._set_current_context(ctx.device_id)
+            states = updater.states
+            for i, w in zip(self.indices, weights):
+                if i not in states:
+                    states[i] = opt.create_state_multi_precision(i, w)
+                    updater.states_synced[i] = True
+            self.devices.append((ctx.device_id, weights, grads, [states[i][0] for i in self.indices],
+                                 [states[i][1] for i in self.indices]))
+
+    @staticmethod
+    def supports(trainer):
+        opt = trainer._optimizer
+        one_device = len(trainer._contexts) == 1 and \
+            trainer._kvstore_params.get("kvstore") in ("device", None)
+        return (type(opt) is mx.optimizer.Adam and not opt.multi_precision
+                and not opt.clip_gradient and (one_device or trainer._update_on_kvstore is False)
+                and not getattr(trainer, "_amp_loss_scaler", None))
+
+    def rescale(self, num_tokens, grads=None):
+        """(1,): min(1, theta / global norm) / num_tokens, computed on the gradients' device."""
+        grads = grads or self.devices[0][2]
+        sum_sq = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))  # (num_params,)
+        norm = mx.nd.sqrt(mx.nd.sum(sum_sq))  # (1,)
+        coef = mx.nd.minimum(self.theta / norm, 1.0)  # theta / norm only if norm > theta
+        if isinstance(num_tokens, (int, float)):
+            return coef / num_tokens
+        return coef / num_tokens.as_nd_ndarray().astype("float32")
+
+    def __call__(self, num_tokens):
+        opt = self.opt
+        for device_id, weights, grads, means, variances in self.devices:
+            opt._set_current_context(device_id)  # the update counts are per device, as in MXNet
+            opt._update_count(self.indices)
+            t = opt._index_update_count[self.indices[0]]
+            bias = math.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t)  # as Adam.update
+            lrs = [lr * bias for lr in opt._get_lrs(self.indices)]
+            wds, rescale = opt._get_wds(self.indices), self.rescale(num_tokens, grads)
+            for i in range(0, len(weights), self.MAX_FUSED):  # 64 parameters: 2 calls
+                part = slice(i, i + self.MAX_FUSED)
+                mx.nd.contrib.multi_adamw_update(
+                    weights[part], grads[part], means[part], variances[part], rescale, lrs[part],
+                    wds[part], [1.0] * len(lrs[part]), beta1=opt.beta1, beta2=opt.beta2,
+                    epsilon=opt.epsilon, out=weights[part])
+
+
+def grad_clipping(model, theta):
+    """Scale all gradients so that their global L2 norm is at most theta (d2l)."""
+    params = [p.data() for p in model.collect_params().values() if p.grad_req != "null"]
+    norm = math.sqrt(sum((p.grad ** 2).sum() for p in params))
+    if norm > theta:
+        for param in params:
+            param.grad[:] *= theta / norm
+
+
+class WarmupInverseSqrt(mx.lr_scheduler.LRScheduler):
+    """The paper's schedule (5.3) with its peak given: ``lr * min(step / warmup_steps,
+    sqrt(warmup_steps / step))``, linear warmup then inverse-square-root decay."""
+
+    def __init__(self, lr, warmup_steps):
+        super().__init__(base_lr=lr)
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, num_update):
+        step = max(num_update, 1)
+        return self.base_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
+
+
+def make_trainer(model, lr, warmup_steps=0, kvstore=None):
+    """The chapter's Adam trainer; with ``warmup_steps > 0`` on the paper's schedule.
+
+    ``kvstore`` (issue 6): ``None``/``"device"`` (gradients of several devices summed in this
+    process) or a dist kvstore from `distributed.create_kvstore`. Updates never run on the
+    kvstore (``update_on_kvstore=False``): see `distributed`.
+    """
+    params = {"learning_rate": lr}
+    if warmup_steps:
+        params["lr_scheduler"] = WarmupInverseSqrt(lr, warmup_steps)
+    return gluon.Trainer(model.collect_params(), "adam", params, kvstore=kvstore or "device",
+                         update_on_kvstore=False)

@@ -1,0 +1,102 @@
+"""One training step, three ways with the same arithmetic: imperative (the chapter's), one
+hybridized graph (`TrainGraph`), and data-parallel over several devices or workers."""
+
+from mxnet import autograd, gluon
+
+from .. import kernels
+from .loss import MaskedSoftmaxCELoss
+from .optim import ClipAdam, _clip_global
+
+
+class TrainGraph(gluon.HybridBlock):
+    """Fast path (issue 4): encoder + causal graph decoder + masked loss as ONE hybrid graph.
+
+    Holds the model's own encoder/decoder (no copied model code); returns the (batch,) loss.
+    """
+
+    def __init__(self, model, loss=None, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = model.encoder
+        self.decoder = model.decoder
+        self.loss = loss or MaskedSoftmaxCELoss()
+
+    def hybrid_forward(self, F, X, X_vlen, Y_input, Y_label, Y_vlen):
+        enc_outputs = self.encoder(X, X_vlen)  # (batch, num_steps, d)
+        Y_hat = self.decoder(Y_input, enc_outputs, X_vlen)  # (batch, num_steps - 1, vocab)
+        return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+
+
+def _fast_step(model, trainer, loss):
+    """The fast path's train step (issue 4): one hybridized graph, `ClipAdam` (or one-pass
+    clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
+    device. Same signature and meaning as the faithful step in `train_s2s_ch8`."""
+    graph = TrainGraph(model, loss)
+    graph.hybridize(static_alloc=True, static_shape=True)
+    params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+    update = []  # the ClipAdam, built after the first step's deferred initialisation
+
+    def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+        if any(p._data is None for p in params):  # deferred init in the faithful order
+            model(X, Y_input, X_vlen, Y_vlen)
+        with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
+            l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+        l.backward()
+        num_tokens = Y_vlen.sum()
+        if not update:
+            update.append(ClipAdam(trainer, params, 1) if ClipAdam.supports(trainer) else None)
+        if update[0] is not None:
+            update[0](num_tokens)
+        else:
+            _clip_global(params, 1)
+            trainer.step(num_tokens)
+        return l.sum(), num_tokens  # stay on the device
+    return step
+
+
+def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
+    """Data parallelism (issue 6): the same step as on one device, on several at once.
+
+    The batch is split across ``ctxs`` (`gluon.utils.split_and_load`); every device runs the
+    forward and backward passes on its part (the hybridized `TrainGraph` with ``fast``);
+    ``trainer.allreduce_grads()`` sums the gradients over the devices and, with a dist kvstore,
+    over all workers, and leaves the sum on every device; each device clips that same sum by
+    its global norm (so all copies stay equal); ``trainer.update`` divides by the global token
+    count. With the same weights and batches the update equals the single-device one on the
+    whole batch (tests/test_distributed.py, 1e-5).
+    """
+    params = [p for p in model.collect_params().values() if p.grad_req != "null"]
+    update = []  # the ClipAdam, built after the first allreduce (the kvstore exists then)
+    if fast:
+        graph = TrainGraph(model, loss)
+        graph.hybridize(static_alloc=True, static_shape=True)
+    else:
+        def graph(X, X_vlen, Y_input, Y_label, Y_vlen):
+            return loss(model(X, Y_input, X_vlen, Y_vlen)[0], Y_label, Y_vlen)
+
+    def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+        used = ctxs[:min(len(ctxs), X.shape[0])]  # a last batch smaller than the device count
+        parts = [gluon.utils.split_and_load(a, used, even_split=False)
+                 for a in (X, X_vlen, Y_input, Y_label, Y_vlen)]
+        if any(p._data is None for p in params):  # deferred init in the faithful order
+            model(*(parts[i][0] for i in (0, 2, 1, 4)))
+        with autograd.record(), kernels.fused(used):
+            losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device
+        autograd.backward(losses)
+        for c in ctxs[len(used):]:  # devices without data add nothing to the sum
+            for p in params:
+                p.grad(c)[:] = 0
+                p.data(c)._fresh_grad = True  # and are updated like the others
+        trainer.allreduce_grads()  # every device now holds the sum over devices and workers
+        num_tokens = float(Y_vlen.sum())
+        if not update:  # fused clip + Adam on every device (issue 4's ClipAdam) when it applies
+            update.append(ClipAdam(trainer, params, 1, ctxs) if fast and ClipAdam.supports(trainer)
+                          else None)
+        if update[0] is not None:
+            update[0](global_tokens(num_tokens)[0])
+        else:
+            for c in ctxs:
+                gluon.utils.clip_global_norm([p.grad(c).as_nd_ndarray() for p in params], 1,
+                                             check_isfinite=False)
+            trainer.update(global_tokens(num_tokens)[0])
+        return sum(float(l.sum()) for l in losses), num_tokens
+    return step

@@ -1,0 +1,1 @@
+"""Pictures: loss curves, the positional encoding, attention heatmaps (`png`)."""
