@@ -1,21 +1,35 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - the chapter run (exact and corrected) + translations + the book comparison
-#   make test   - lint and the test suite
+#   make test   - lint and the test suite (make test-quick: without the tests marked slow)
+# The venv's Python: $(PYTHON) if it is 3.8-3.13; if it is not and PYTHON was not given, the newest
+# python3.13 ... python3.8 found. Another venv beside it: make VENV=.venv-3.13 PYTHON=python3.13 test
 PYTHON ?= python3
+SUPPORTED := import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 13))
+FALLBACKS := python3.13 python3.12 python3.11 python3.10 python3.9 python3.8
+WHICH := import sys; print("using Python %d.%d.%d at %s" % (*sys.version_info[:3], sys.executable))
+VERSION := import platform; print("Python " + platform.python_version())
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv test demo notebook clean
+.PHONY: venv test test-quick demo notebook clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py constraints.txt
-	$(PYTHON) -m venv $(VENV)
+	@py='$(PYTHON)'; version() { "$$1" -c '$(VERSION)' 2>/dev/null || echo "not found"; }; \
+	if ! "$$py" -c '$(SUPPORTED)' 2>/dev/null && [ "$(origin PYTHON)" = file ]; then \
+	  echo "$$py: $$(version $$py), not 3.8-3.13; trying $(FALLBACKS)"; \
+	  for c in $(FALLBACKS); do "$$c" -c '$(SUPPORTED)' 2>/dev/null && { py=$$c; break; }; done; \
+	fi; \
+	"$$py" -c '$(SUPPORTED)' 2>/dev/null || { echo "error: $$py: $$(version $$py);" \
+	  "this project needs Python 3.8-3.13 (make PYTHON=python3.X)" >&2; exit 1; }; \
+	"$$py" -c '$(WHICH)' && echo "$$py -m venv $(VENV)" && "$$py" -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel Cython
-	$(PIP) install -c constraints.txt -e '.[cpu,test,notebook]'
-	# the d2l library the chapter called, as a test oracle only (its pins do not install on 3.11)
+	$(PIP) install -c constraints.txt -e '.[cpu,test,notebook,serve]'
+	# the d2l library the chapter called, as a test oracle only (no deps: it asks for all of
+	# jupyter; the cpu and test extras bring what it imports)
 	$(PIP) install --no-deps d2l==0.11.4
 	# the fast path's fused CPU kernels, compiled against this MXNet (optional: without a
 	# C++ compiler the fast path uses MXNet's operators, same numbers, slower)
@@ -23,13 +37,19 @@ $(VENV)/.installed: setup.py constraints.txt
 	touch $@
 
 test: venv
+	@$(BIN)/python -c '$(WHICH)'
 	$(BIN)/ruff check d2l_transformer scripts tests
 	$(BIN)/python -m pytest
+
+test-quick: venv
+	@$(BIN)/python -c '$(WHICH)'
+	$(BIN)/ruff check d2l_transformer scripts tests
+	$(BIN)/python -m pytest -m "not slow"
 
 demo: venv
 	$(BIN)/python scripts/train_chapter.py --exact-chapter --out $(OUT)/exact
 	$(BIN)/python scripts/train_chapter.py --skip-toys --out $(OUT)/corrected
-	$(BIN)/python scripts/compare.py $(OUT)/exact $(OUT)/corrected
+	$(BIN)/d2l-transformer compare $(OUT)/exact $(OUT)/corrected
 
 notebook: venv
 	$(BIN)/jupyter notebook notebooks/transformer.ipynb

@@ -28,19 +28,28 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["d2l_transformer", "d2l_transformer.*"]),
-    package_data={"d2l_transformer.kernels": ["*.cc", "*.h"]},  # compiled on first use (kernels/)
-    python_requires=">=3.8",
+    package_data={"d2l_transformer.kernels": ["*.cc", "*.h"],  # compiled on first use (kernels/)
+                  "d2l_transformer.viz": ["static/*.html"]},  # the attention explorer page
+    python_requires=">=3.8,<3.14",  # the Pythons it is tested on (docs/install.md)
     install_requires=[
-        "numpy>=1.16,<1.24",  # mxnet 1.9.1 uses np.bool, removed in numpy 1.24
+        # mxnet 1.9.1 uses np.bool etc., removed in numpy 1.24: below 3.12 a numpy that still has
+        # them; from 3.12 (no such numpy there) d2l_transformer/_compat.py sets them, and mxnet
+        # needs numpy < 2 and distutils.version, which setuptools provides since 3.12
+        "numpy>=1.16,<1.24; python_version < '3.12'",
+        "numpy>=1.26,<2; python_version >= '3.12'",
+        "setuptools; python_version >= '3.12'",
         "gluonnlp==0.10.0",
         "matplotlib",
-        "sacrebleu",
+        "sacrebleu>=2",  # sacrebleu.metrics.BLEU / CHRF and their signatures
+        "sentencepiece",  # the subword presets' tokenizer
+        "tqdm",  # the training progress bar
     ],
     extras_require={
         "cpu": ["mxnet==1.9.1"],
         "cu112": ["mxnet-cu112==1.9.1"] + CUDA11,
         # ipython<9 for the d2l oracle (IPython 9 lost set_matplotlib_formats)
-        "test": ["pytest", "ruff", "pandas", "ipython<9"],
+        "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium"],
+        "serve": ["fastapi", "uvicorn"],  # d2l-transformer serve
         "notebook": ["notebook", "nbclient", "nbformat", "ipykernel"],
     },
     entry_points={"console_scripts": ["d2l-transformer=d2l_transformer.cli:main"]},

@@ -3,7 +3,7 @@
 The public names, in the chapter's order.
 """
 
-from . import _cuda
+from . import _compat, _cuda  # _compat first: NumPy's removed aliases, before anything imports mxnet
 
 _cuda.preload()  # the cu112 extra's CUDA libraries, before MXNet loads libmxnet.so
 
@@ -36,7 +36,8 @@ from .data import (  # noqa: E402
     truncate_pad,
 )
 from .dist.kvstore import create_kvstore, worker_info  # noqa: E402
-from .inference.decode import predict_greedy_batch, predict_s2s_ch8  # noqa: E402
+from .inference.decode import predict_s2s_ch8  # noqa: E402
+from .inference.translator import Hypothesis, Translator  # noqa: E402
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402
 from .model import (  # noqa: E402
     Decoder,

@@ -11,7 +11,7 @@ import math
 import mxnet as mx
 from mxnet.gluon import nn
 
-from . import kernels
+from . import _graphs, kernels
 
 MASK_VALUE = -1e6  # d2l fills masked scores with -1e6, whose exp underflows to 0
 
@@ -179,11 +179,12 @@ class MultiHeadAttention(nn.HybridBlock):
         self.W_o = nn.Dense(hidden_size, use_bias=False, flatten=False)
 
     def set_drophead(self, rate):
-        """Change the DropHead rate (scheduled DropHead); clears a hybridized graph."""
+        """Change the DropHead rate (scheduled DropHead); clears every cached graph that
+        contains this block (`_graphs.invalidate`)."""
         if self.drophead is None:
             raise ValueError("this attention was built without drophead")
         self.drophead._rate = rate
-        self._clear_cached_op()
+        _graphs.invalidate(self)
 
     def _project(self, F, query, key, value):
         """(query, key, value) projected: separate W_q/W_k/W_v, or one fused W_qkv."""
@@ -217,12 +218,14 @@ class MultiHeadAttention(nn.HybridBlock):
 
     def _attend(self, F, query, key, value, valid_length):
         """Split heads, attend, concatenate, project; query/key/value already projected."""
+        rate = self.attention.dropout._rate
         if F is mx.sym and kernels.active() and self.drophead is None and not self.exact_chapter \
-                and self.attention.dropout._rate == 0 and self.attention.query_size:
-            # issue 4: the lines below as one CPU operator (heads read in place, same values)
+                and 0 <= rate < 1 and self.attention.query_size:
+            # the lines below as one CPU operator (heads read in place, same values; the
+            # weights' dropout drawn inside it, with MXNet's Dropout distribution)
             output_concat = kernels.attention(F, query, key, value, valid_length, self.num_heads,
                                               self.attention.causal,
-                                              math.sqrt(self.attention.query_size))
+                                              math.sqrt(self.attention.query_size), rate)
             return self.W_o(output_concat)  # (batch, q, hidden)
         query = transpose_qkv(query, self.num_heads)  # (batch*h, q, hidden/h)
         key = transpose_qkv(key, self.num_heads)  # (batch*h, k, hidden/h)

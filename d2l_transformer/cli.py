@@ -1,39 +1,44 @@
-"""``d2l-transformer train|translate|evaluate|compare|launch``: the package's console script.
+"""``d2l-transformer train|translate|evaluate|export|compare|launch``: the package's console script.
 
-Only wiring: data from `data`, the model from `train.build_model`, decoding from `beam`, BLEU
-from `evaluate`, model directories from `checkpoint`, the book table from `book`.
+Only wiring: training from `training.run`, decoding from `inference.translator`, BLEU from
+`evaluate`, model
+directories from `checkpoint`, the book table from `book`.
 Errors the user can cause (bad option, missing model or data, bad input line) print one line
-``error: ...`` on stderr and exit non-zero; they never print a traceback.
+``error: ...`` on stderr and exit non-zero; they never print a traceback. Anything else is a bug:
+its traceback is printed, then one line saying so, and the exit status is 3 (`guarded`).
 """
 
 import argparse
+import errno
 import logging
+import os
 import sys
 import time
+import traceback
 
-from mxnet import init
-
-from .book import SENTENCES, compare_table, load_run
+from .book import compare_table, load_run
 from .config import PRESETS
 from .context import parse_ctx, parse_ctx_list
 from .data import (
     DataError,
+    Pairs,
+    TokenizerError,
+    WordTokenizer,
     heldout_nmt,
-    load_data_nmt,
-    load_data_split,
-    preprocess_nmt,
-    read_data_nmt,
-    tokenize_nmt,
+    read_pairs,
+    source_overlap,
+    split_corpus,
 )
-from .dist.kvstore import KVSTORES, announce_rank, create_kvstore, worker_info
+from .dist.kvstore import KVSTORES, create_kvstore
 from .dist.launch import LAUNCHERS, LaunchError, launch
-from .evaluate import BLEU_PAIRS, SACREBLEU_TOKENIZE, bleu, corpus_bleu
-from .inference.beam import ALPHA, BEAM_SIZE, beam_search
+from .evaluate import BLEU_PAIRS_TEXT, bleu, format_score, score, score_files
+from .inference.decode import predict_s2s_ch8
+from .inference.translator import ALPHA, BEAM_SIZE, Translator
 from .io import checkpoint
-from .model import build_model
-from .training import MaskedSoftmaxCELoss, book_line, make_trainer, set_seed, train_s2s_ch8
+from .training import book_line
+from .training.run import RunError, TrainingStopped, train_model
 
-EXIT_BAD_INPUT, EXIT_ERROR = 1, 2
+EXIT_BAD_INPUT, EXIT_ERROR, EXIT_BUG = 1, 2, 3
 BATCH = 64  # sentences decoded together
 
 
@@ -41,10 +46,17 @@ class UserError(Exception):
     """A problem with the command line or the files it names: printed as one line."""
 
 
+USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # one line each
+               TokenizerError)
+
+
 # ---------------------------------------------------------------------------------- translating
-def _tokens(line):
-    """A sentence as the model's tokens: d2l's preprocessing (lower case, space before , . !)."""
-    return preprocess_nmt(line).split()
+def translate_texts(model, texts, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
+    """Translations (text) of sentences (text): `translate_tokens` between the tokenizer's
+    ``encode`` and ``decode``."""
+    outs = translate_tokens(model, [tokenizer.encode(t) for t in texts], src_vocab, tgt_vocab,
+                            cfg, ctx, beam, alpha)
+    return [tokenizer.decode(out.split()) for out in outs]
 
 
 def check_sentence(tokens, src_vocab, max_positions):
@@ -59,17 +71,18 @@ def check_sentence(tokens, src_vocab, max_positions):
 
 
 def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
-    """Translations (strings) of token lists, `BATCH` at a time; beam 1 is greedy decoding."""
-    max_positions = model.decoder.pos_encoding.max_len
-    out = []
-    for i in range(0, len(sentences), BATCH):
-        batch = sentences[i:i + BATCH]
-        # room for a translation a bit longer than the longest source, at least num_steps
-        max_length = min(max([cfg.num_steps] + [len(s) + 10 for s in batch]), max_positions)
-        results = beam_search(model, batch, src_vocab, tgt_vocab, cfg.num_steps, ctx,
-                              beam_size=beam, alpha=alpha, max_length=max_length)
-        out.extend(" ".join(tokens) for tokens, _ in results)
-    return out
+    """Translations (strings) of token lists by the `Translator`, `BATCH` sentences at a time;
+    beam 1 is greedy decoding. A model trained with --exact-chapter is decoded by the chapter's
+    own `predict_s2s_ch8`, one sentence at a time (greedy only)."""
+    if cfg.exact_chapter:
+        if beam > 1:
+            raise UserError("beam search needs the corrected model; this one was trained with "
+                            "--exact-chapter (use --beam 1)")
+        return [predict_s2s_ch8(model, " ".join(s), src_vocab, tgt_vocab, cfg.num_steps, ctx)
+                for s in sentences]
+    translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
+                            batch_size=BATCH)
+    return [" ".join(hyp.tokens) for hyp in translator.translate(sentences, beam, alpha)]
 
 
 def _read_lines(args):
@@ -86,13 +99,17 @@ def _read_lines(args):
 
 
 def cmd_translate(args):
-    ctx = parse_ctx(args.ctx)
+    ctx = _device(args.ctx)
     model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(args.model, ctx)
+    if cfg.exact_chapter and (args.attention or args.attention_html):
+        raise UserError("attention maps need the corrected model; this one was trained with "
+                        "--exact-chapter")
+    tokenizer = checkpoint.load_tokenizer(args.model, cfg)
     max_positions = model.encoder.pos_encoding.max_len
     lines = _read_lines(args)
     good, ok = [], []
     for label, text, problem in lines:
-        tokens = _tokens(text) if problem is None else None
+        tokens = tokenizer.encode(text) if problem is None else None
         problem = problem or check_sentence(tokens, src_vocab, max_positions)
         if problem:
             print(f"error: {label}: {problem}; skipped", file=sys.stderr)
@@ -101,91 +118,155 @@ def cmd_translate(args):
         ok.append(problem is None)
     translations = iter(translate_tokens(model, good, src_vocab, tgt_vocab, cfg, ctx,
                                          args.beam, args.alpha))
-    outputs = [next(translations) if line_ok else "" for line_ok in ok]
+    outputs = [next(translations) if line_ok else "" for line_ok in ok]  # target tokens
     for out in outputs:  # one output line per input line, empty when skipped
-        print(out)
+        print(tokenizer.decode(out.split()))
     if args.attention and good:
         from .viz.png import plot_attention_maps
         first = outputs[ok.index(True)].split()
         for path in plot_attention_maps(model, good[0], first, src_vocab, tgt_vocab,
                                         cfg.num_steps, ctx, args.attention):
             print(f"wrote {path}", file=sys.stderr)
+    if args.attention_html and good:  # the interactive explorer, data inlined
+        from .viz.attention_html import explorer_items, write_explorer
+        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps)
+        texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
+        write_explorer(args.attention_html,
+                       explorer_items(translator, tokenizer, texts, args.beam, args.alpha))
+        print(f"wrote {args.attention_html}", file=sys.stderr)
     problems = ok.count(False)
     return EXIT_BAD_INPUT if problems else 0
 
 
 # ---------------------------------------------------------------------------------- evaluating
-def _eval_sets(cfg, src_vocab, tgt_vocab, data_path, max_sentences):
-    """``[(name, source token lists, target strings)]``: training pairs and held-out pairs."""
-    def cap(name, pair):
-        src, tgt = pair
-        return (f"{name} ({min(len(src), max_sentences)} of {len(src)})", src[:max_sentences],
-                [" ".join(t) for t in tgt[:max_sentences]])
-
-    if cfg.num_valid or cfg.num_test or cfg.num_buckets:  # the full preset's own split
-        *_, valid, test = load_data_split(1, cfg.num_steps, cfg.num_examples, cfg.min_freq,
-                                          cfg.num_valid, cfg.num_test, 0, data_path)
-        return [cap("valid", valid), cap("test", test)]
-    train = tokenize_nmt(preprocess_nmt(read_data_nmt(data_path)), cfg.num_examples)
+def _eval_sets(cfg, src_vocab, tgt_vocab, data_path):
+    """``[(name, Pairs of text, sources seen in training or None)]``: the preset's own valid
+    and test parts, or the chapter's training pairs and the pairs held out after them."""
+    if cfg.num_valid or cfg.num_test or cfg.num_buckets:  # the full presets' own split
+        train, valid, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, data_path,
+                                          cfg.split_by)
+        return [(name, part, source_overlap(part.source, train.source))
+                for name, part in (("valid", valid), ("test", test))]
+    train = read_pairs(data_path, cfg.num_examples)
     held = heldout_nmt(src_vocab, tgt_vocab, cfg.num_examples, path=data_path)
     print(f"held-out: lines {cfg.num_examples + 1}.. of fra.txt: {len(held['unfiltered'][0])} "
-          f"pairs, {len(held['in_vocab'][0])} with every token in the vocabularies")
-    return [cap("training pairs", train), cap("held-out, in vocabulary", held["in_vocab"]),
-            cap("held-out, unfiltered", held["unfiltered"])]
+          f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
+          f"{len(held['in_vocab'][0])} with every token in the vocabularies")
+    return [("training pairs", train, None)] + [
+        (name, Pairs(*held[key]), source_overlap(held[key][0], train.source))
+        for name, key in (("held-out, in vocabulary", "in_vocab_text"),
+                          ("held-out, unfiltered", "unfiltered_text"))]
+
+
+def _write_json(path, data):
+    import json
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def _evaluate_files(args):
+    """``evaluate --hyp FILE --ref FILE``: score a file of translations, no model needed."""
+    if not (args.hyp and args.ref):
+        raise UserError("--hyp and --ref go together")
+    if args.model:
+        raise UserError("give either --model or --hyp/--ref")
+    try:
+        result = score_files(args.hyp, args.ref, args.lowercase)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print(f"{format_score(result)}  ({result['sentences']} sentences)")
+    print(f"BLEU signature: {result['bleu_signature']}")
+    print(f"chrF signature: {result['chrf_signature']}")
+    if args.json:
+        _write_json(args.json, {"hyp": args.hyp, "ref": args.ref, **result})
+    return 0
 
 
 def cmd_evaluate(args):
-    ctx = parse_ctx(args.ctx)
-    model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(args.model, ctx)
-    decoders = [("greedy", 1), (f"beam {args.beam}", args.beam)]
-    print("per-sentence BLEU (d2l's bleu, k=2):")
+    if args.hyp or args.ref:
+        return _evaluate_files(args)
+    if not args.model:
+        raise UserError("evaluate needs --model DIR, or --hyp FILE --ref FILE")
+    ctx = _device(args.ctx)
+    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(args.model, ctx)
+    tok = checkpoint.load_tokenizer(args.model, cfg)
+    lowercase = tok.lowercase or args.lowercase
+    decoders = [("greedy", 1)] + ([] if cfg.exact_chapter else [(f"beam {args.beam}", args.beam)])
+    report = {"model": args.model, "preset": summary.get("preset"), "tokenizer": tok.kind,
+              "lowercase": lowercase, "chapter_sentences": [], "sets": []}
+    words = WordTokenizer()  # d2l's bleu compares d2l's lower-cased tokens
+
+    def d2l_tokens(text):
+        return " ".join(words.encode(text))
+    print("the chapter's sentences, per-sentence BLEU (d2l's bleu, k=2, on d2l's lower-cased "
+          "tokens):")
     for name, beam in decoders:
-        outs = translate_tokens(model, [e.split() for e, _ in BLEU_PAIRS], src_vocab, tgt_vocab,
-                                cfg, ctx, beam, args.alpha)
-        for (eng, fra), out in zip(BLEU_PAIRS, outs):
-            print(f"  [{name}] {eng} => {out}, bleu {bleu(out, fra, k=2):.3f}")
-    print(f"corpus BLEU (sacrebleu, tokenize={SACREBLEU_TOKENIZE!r}):")
-    for name, src, refs in _eval_sets(cfg, src_vocab, tgt_vocab, args.data, args.max_sentences):
+        outs = translate_texts(model, [e for e, _ in BLEU_PAIRS_TEXT], tok, src_vocab, tgt_vocab,
+                               cfg, ctx, beam, args.alpha)
+        for (eng, fra), out in zip(BLEU_PAIRS_TEXT, outs):
+            shown = eng if tok.kind == "subword" else " ".join(tok.encode(eng))
+            value = bleu(d2l_tokens(out), d2l_tokens(fra), k=2)
+            print(f"  [{name}] {shown} => {out}, bleu {value:.3f}")
+            report["chapter_sentences"].append({"source": eng, "reference": fra, "decoder": name,
+                                                "translation": out, "d2l_bleu": value})
+    sets = _eval_sets(cfg, src_vocab, tgt_vocab, args.data)
+    print("corpus BLEU and chrF (sacreBLEU, detokenized output against the untokenized "
+          "references" + (", case-insensitive" if lowercase else "") + "):")
+    signatures = {}
+    for name, pairs, overlap in sets:
+        n = len(pairs.source)
+        src, refs = pairs.source[:args.max_sentences], pairs.target[:args.max_sentences]
+        entry = {"name": name, "pairs": n, "scored": len(src), "sources_seen_in_training": overlap,
+                 "decoders": {}}
+        report["sets"].append(entry)
+        seen = "" if overlap is None else f"  [sources seen in training: {overlap}]"
         if not src:
-            print(f"  {name}: no pairs")
+            print(f"  {name}: no pairs{seen}")
             continue
         cells = []
-        for _, beam in decoders:
+        for decoder, beam in decoders:
             tic = time.time()
-            hyps = translate_tokens(model, src, src_vocab, tgt_vocab, cfg, ctx, beam, args.alpha)
-            cells.append(f"{corpus_bleu(hyps, refs).score:6.2f} ({time.time() - tic:.0f} s)")
-        print(f"  {name}: " + "  ".join(f"{d}: {c}" for (d, _), c in zip(decoders, cells)))
+            hyps = translate_texts(model, src, tok, src_vocab, tgt_vocab, cfg, ctx, beam, args.alpha)
+            result = score([tok.detokenize(h) for h in hyps], refs, lowercase)
+            result["seconds"] = round(time.time() - tic, 1)
+            entry["decoders"][decoder] = result
+            signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"]}
+            cells.append(f"{decoder}: {format_score(result)} ({result['seconds']:.0f} s)")
+        print(f"  {name} ({len(src)} of {n}): " + "  ".join(cells) + seen)
         if args.examples:
             for s, r, h in list(zip(src, refs, hyps))[:args.examples]:
-                print(f"    {' '.join(s)} => {h}   [reference: {r}]")
+                print(f"    {s} => {h}   [reference: {r}]")
+    for metric, signature in signatures.items():
+        print(f"{metric} signature: {signature}")
+    if args.json:
+        _write_json(args.json, report)
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
 
 # ---------------------------------------------------------------------------------- training
-class Progress:
-    """A one-line progress bar on stderr: epoch, batches, loss (book units), tokens/s."""
+def _devices(spec):
+    """``--ctx`` as a list of contexts; a bad one is a user error."""
+    try:
+        return parse_ctx_list(spec)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
-    def __init__(self, num_epochs, num_batches, stream=sys.stderr):
-        self.num_epochs, self.num_batches, self.stream = num_epochs, num_batches, stream
-        self.epoch, self.batch, self.tic = None, 0, time.time()
-        self.tty = stream.isatty()
 
-    def __call__(self, epoch, loss_sum, num_tokens):
-        if epoch != self.epoch:
-            self.epoch, self.batch, self.tic = epoch, 0, time.time()
-        self.batch += 1
-        if self.tty or self.batch == self.num_batches or self.batch % 100 == 0:
-            done = self.batch / max(self.num_batches, 1)
-            bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
-            speed = num_tokens / max(time.time() - self.tic, 1e-9)
-            end = "\r" if self.tty and self.batch < self.num_batches else "\n"
-            self.stream.write(f"epoch {epoch}/{self.num_epochs} [{bar}] {self.batch}/"
-                              f"{self.num_batches} loss {loss_sum / num_tokens:.4f} "
-                              f"{speed:.0f} tokens/s{end}")
-            self.stream.flush()
+def _device(spec):
+    """``--ctx`` as one context; a bad one is a user error."""
+    try:
+        return parse_ctx(spec)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def _train_config(args):
+    for option, value, least in (("--epochs", args.epochs, 1), ("--max-pairs", args.max_pairs, 1),
+                                 ("--checkpoint-every", args.checkpoint_every, 1)):
+        if value is not None and value < least:
+            raise UserError(f"{option} must be at least {least}")
     if args.resume:
         cfg = checkpoint.load_config(args.out)
     else:
@@ -200,97 +281,26 @@ def _train_config(args):
 
 
 def cmd_train(args):
-    ctxs = parse_ctx_list(args.ctx)
-    ctx = ctxs[0]  # where the final translations run
+    ctxs = _devices(args.ctx)
     cfg = _train_config(args)
-    if args.fast and cfg.exact_chapter:
-        raise UserError("--fast trains the corrected model; --exact-chapter needs the faithful path")
-    kvstore = create_kvstore(args.kvstore)
-    rank, num_workers = worker_info(kvstore)
-    if num_workers > 1:  # `launch` prefixes this worker's lines with its rank from now on
-        announce_rank(kvstore)
-    batch_size = cfg.batch_size // num_workers  # the preset's batch is the GLOBAL batch
-    if batch_size < len(ctxs):
-        raise UserError(f"batch size {cfg.batch_size} is too small for {num_workers} workers "
-                        f"x {len(ctxs)} devices")
-    set_seed(args.seed)
-    if cfg.num_valid or cfg.num_test or cfg.num_buckets:
-        src_vocab, tgt_vocab, train_iter, _, _ = load_data_split(
-            batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
-            cfg.num_test, cfg.num_buckets, args.data, rank=rank, num_workers=num_workers)
-    else:
-        src_vocab, tgt_vocab, train_iter = load_data_nmt(batch_size, cfg.num_steps,
-                                                         cfg.num_examples, args.data, rank=rank,
-                                                         num_workers=num_workers,
-                                                         fast_loader=args.fast)
-    writer = rank == 0  # only rank 0 writes the model directory and prints the results
-    if args.resume:
-        model, saved_src, saved_tgt, _, summary = checkpoint.load(args.out, ctxs)
-        if saved_src.idx_to_token != src_vocab.idx_to_token or \
-                saved_tgt.idx_to_token != tgt_vocab.idx_to_token:
-            raise UserError(f"{args.out}: its vocabularies differ from the data's; "
-                            "was it trained on another dataset?")
-        if summary.get("seed") != args.seed:
-            raise UserError(f"{args.out} was trained with --seed {summary.get('seed')}, "
-                            f"not {args.seed}")
-        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps, kvstore)
-        checkpoint.load_trainer_states(args.out, trainer)
-        start_epoch = summary["epochs_done"] + 1
-        if start_epoch > cfg.num_epochs:
-            print(f"{args.out} has already been trained {summary['epochs_done']} epochs; "
-                  "give a larger --epochs to train on", file=sys.stderr)
-            return 0
-    else:
-        model = build_model(cfg, len(src_vocab), len(tgt_vocab))
-        model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
-        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps, kvstore)
-        summary = {"seed": args.seed, "preset": args.preset, "exact_chapter": cfg.exact_chapter,
-                   "epoch_history": [], "train_seconds": 0.0, "epochs_done": 0}
-        start_epoch = 1
-    where = ",".join(map(str, ctxs)) + (f", worker {rank} of {num_workers}" if num_workers > 1 else "")
-    print(f"training {cfg.num_epochs} epochs (from epoch {start_epoch}) on {where}: "
-          f"{len(src_vocab)} source / {len(tgt_vocab)} target tokens, {len(train_iter)} batches "
-          f"per epoch; model directory {args.out}", file=sys.stderr)
-    tic = [time.time()]
-
-    def on_epoch(epoch, loss):
-        summary["epoch_history"].append((epoch, loss))
-        summary["train_seconds"] += time.time() - tic[0]
-        summary["epochs_done"] = epoch
-        tic[0] = time.time()
-        if writer and (epoch % args.checkpoint_every == 0 or epoch == cfg.num_epochs):
-            checkpoint.save(args.out, model, src_vocab, tgt_vocab, cfg, summary, trainer)
-            tic[0] = time.time()
-        if args.stop_after and epoch >= args.stop_after:  # for tests of --resume
-            raise _Stop()
-
     try:
-        result = train_s2s_ch8(
-            model, train_iter, cfg.lr, cfg.num_epochs, ctxs, on_epoch, trainer=trainer,
-            loss=MaskedSoftmaxCELoss(cfg.label_smoothing), start_epoch=start_epoch,
-            epoch_seed=args.seed * 100000, fast=args.fast, kvstore=kvstore,
-            on_batch=None if args.quiet else Progress(cfg.num_epochs, len(train_iter)))
-    except _Stop:
-        print(f"stopped after epoch {summary['epochs_done']} (--stop-after); "
-              f"continue with --resume", file=sys.stderr)
+        kvstore = create_kvstore(args.kvstore)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
+        summary = train_model(cfg, args.out, seed=args.seed, ctx=ctxs, kvstore=kvstore,
+                              fast=not args.imperative, resume=args.resume, data_path=args.data,
+                              checkpoint_every=args.checkpoint_every, progress=not args.quiet,
+                              preset=args.preset, stop_after=args.stop_after)
+    except TrainingStopped as e:
+        print(f"stopped after epoch {e.epoch} (--stop-after); continue with --resume",
+              file=sys.stderr)
         return 0
-    summary.update({k: result[k] for k in ("loss", "loss_per_token", "tokens_per_sec", "ctx")})
-    summary["epochs"] = cfg.num_epochs
-    if not writer:
-        return 0
-    if num_workers > 1:
-        summary.update(num_workers=num_workers, kvstore=args.kvstore)
-    summary["translations"] = dict(zip(SENTENCES, translate_tokens(
-        model, [_tokens(s) for s in SENTENCES], src_vocab, tgt_vocab, cfg, ctx)))
-    checkpoint.save(args.out, model, src_vocab, tgt_vocab, cfg, summary, trainer)
-    print(book_line(summary))
-    for sentence, translation in summary["translations"].items():
-        print(f"{sentence} => {translation}")
+    if "translations" in summary:  # rank 0 of a finished run
+        print(book_line(summary))
+        for sentence, translation in summary["translations"].items():
+            print(f"{sentence} => {translation}")
     return 0
-
-
-class _Stop(Exception):
-    """Raised by the epoch callback to stop training (``--stop-after``)."""
 
 
 def cmd_launch(args):
@@ -302,8 +312,32 @@ def cmd_launch(args):
         raise UserError(str(e)) from None
 
 
+def cmd_serve(args):
+    from .serve import ServeError, run
+    _device(args.ctx)  # a bad --ctx is one line before anything starts
+    try:
+        run(args.model, args.host, args.port, args.ctx)
+    except ServeError as e:
+        raise UserError(str(e)) from None
+    return 0
+
+
+def cmd_export(args):
+    from .inference.export import ExportError, export
+    try:
+        manifest = export(args.model, args.out, _device(args.ctx))
+    except ExportError as e:
+        raise UserError(str(e)) from None
+    print(f"wrote {args.out}: " + ", ".join(sorted(manifest["files"])), file=sys.stderr)
+    return 0
+
+
 def cmd_compare(args):
-    print(compare_table([load_run(d) for d in args.runs]))
+    try:
+        runs = [load_run(d) for d in args.runs]
+    except (OSError, ValueError) as e:  # load_run's errors are one line naming the file
+        raise UserError(f"cannot read a run: {e}") from None
+    print(compare_table(runs))
     return 0
 
 
@@ -322,22 +356,30 @@ def get_parser():
     t.add_argument("--kvstore", choices=KVSTORES, default="device",
                    help="device: the devices of --ctx in this process; dist_sync: several "
                         "processes started by `d2l-transformer launch`")
-    t.add_argument("--fast", action="store_true",
-                   help="the hybridized training path (issue 4): same numbers, faster")
+    path = t.add_mutually_exclusive_group()
+    path.add_argument("--imperative", action="store_true",
+                      help="train with the chapter's imperative loop instead of the default "
+                           "hybridized graph path (same numbers to float rounding, slower); "
+                           "--exact-chapter always uses it")
+    path.add_argument("--fast", action="store_true",
+                      help="the hybridized graph path: the default, accepted for compatibility")
     t.add_argument("--out", default="out/model", help="the model directory (checkpoints too)")
     t.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                    help="save the model directory every N epochs (and at the end)")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    t.add_argument("--exact-chapter", action="store_true", help="the book's three bugs")
+    t.add_argument("--exact-chapter", action="store_true",
+                   help="the book's three bugs (trains on the chapter's imperative loop)")
     t.add_argument("--data", default=None, help="path of fra-eng.zip")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     t.set_defaults(func=cmd_train)
 
     for name, func, text in (("translate", cmd_translate, "translate English sentences"),
-                             ("evaluate", cmd_evaluate, "BLEU of a model directory")):
+                             ("evaluate", cmd_evaluate, "BLEU and chrF of a model directory "
+                                                        "(or of a file of translations)")):
         e = sub.add_parser(name, help=text)
-        e.add_argument("--model", required=True, help="a model directory written by train")
+        e.add_argument("--model", required=name == "translate",
+                       help="a model directory written by train")
         e.add_argument("--beam", type=int, default=1 if name == "translate" else BEAM_SIZE,
                        help="beam size (1: greedy)")
         e.add_argument("--alpha", type=float, default=ALPHA, help="length penalty exponent")
@@ -347,11 +389,21 @@ def get_parser():
             e.add_argument("sentences", nargs="*", help="sentences (default: one per stdin line)")
             e.add_argument("--attention", metavar="DIR", default=None,
                            help="write attention heatmaps (PNG) of the first sentence into DIR")
+            e.add_argument("--attention-html", metavar="FILE", default=None,
+                           help="write the sentences' attention explorer as one HTML file")
         else:
             e.add_argument("--data", default=None, help="path of fra-eng.zip")
             e.add_argument("--max-sentences", type=int, default=1000,
                            help="evaluate at most N sentences of each set")
             e.add_argument("--examples", type=int, default=0, help="print N example translations")
+            e.add_argument("--json", metavar="FILE", default=None,
+                           help="also write the scores and their signatures to FILE")
+            e.add_argument("--hyp", metavar="FILE", default=None,
+                           help="score this file of translations (one a line) against --ref, "
+                                "no model needed")
+            e.add_argument("--ref", metavar="FILE", default=None, help="the references of --hyp")
+            e.add_argument("--lowercase", action="store_true",
+                           help="case-insensitive scores (always so for lower-casing models)")
 
     la = sub.add_parser("launch", help="run a command as a dist_sync job (MXNet's launcher)",
                         description="Run COMMAND as a dist_sync job: a scheduler, -s servers "
@@ -365,6 +417,21 @@ def get_parser():
     la.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     la.set_defaults(func=cmd_launch)
 
+    sv = sub.add_parser("serve", help="serve a model directory over HTTP: POST /translate, "
+                                      "the attention explorer at /, API docs at /docs")
+    sv.add_argument("--model", required=True, help="a model directory written by train")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--ctx", default="auto")
+    sv.set_defaults(func=cmd_serve)
+
+    x = sub.add_parser("export", help="write a model directory in MXNet's deployment format "
+                                      "(encoder and decoding-step graphs, docs/export.md)")
+    x.add_argument("--model", required=True, help="a model directory written by train")
+    x.add_argument("--out", required=True, help="the export directory to write")
+    x.add_argument("--ctx", default="cpu")
+    x.set_defaults(func=cmd_export)
+
     c = sub.add_parser("compare", help="the book's output beside chapter runs")
     c.add_argument("runs", nargs="+", help="model directories or chapter-script output directories")
     c.set_defaults(func=cmd_compare)
@@ -377,14 +444,61 @@ def main(argv=None):
     if getattr(args, "beam", 1) < 1:
         print("error: --beam must be at least 1", file=sys.stderr)
         return EXIT_ERROR
+    return guarded(args.func, args)
+
+
+def _user_paths(args):
+    """The paths the command line names, absolute."""
+    paths = [getattr(args, k, None) for k in ("out", "model", "data", "attention", "attention_html",
+                                              "hostfile", "json", "hyp", "ref")]
+    paths += list(getattr(args, "runs", None) or [])
+    return [os.path.abspath(p) for p in paths if isinstance(p, str) and p]
+
+
+def _about_user_files(error, args):
+    """True when an OSError concerns a path the command line names: the path, a file in it, a
+    directory on the way to it, or a save's sibling of it; or the disk being full."""
+    if error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return True
+    names = [os.path.abspath(os.fsdecode(n)) for n in (error.filename, error.filename2)
+             if isinstance(n, (str, bytes))]
+    for path in _user_paths(args):
+        parent, base = os.path.split(path)
+        for name in names:
+            if name == path or name.startswith(path + os.sep) or \
+                    path.startswith(name.rstrip(os.sep) + os.sep) or \
+                    name.startswith(os.path.join(parent, f".{base}.")):
+                return True
+    return False
+
+
+def guarded(func, args):
+    """``func(args)`` with the command line's error policy: a user's error (bad option,
+    missing or damaged model or data, a file named on the command line that cannot be
+    read or written) prints one line ``error: ...`` and returns EXIT_ERROR; anything else is a
+    bug and keeps its traceback (printed, then one line saying so, EXIT_BUG)."""
     try:
-        return args.func(args)
-    except (UserError, checkpoint.CheckpointError, DataError, ValueError, OSError) as e:
+        return func(args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as e:
+        if not _about_user_files(e, args):
+            return _bug(e)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - reported with its traceback
+        return _bug(e)
+
+
+def _bug(error):
+    traceback.print_exc()
+    print(f"error: unexpected {type(error).__name__} (a bug in d2l-transformer: the traceback "
+          "is above)", file=sys.stderr)
+    return EXIT_BUG
 
 
 if __name__ == "__main__":

@@ -1,19 +1,24 @@
-"""BLEU: d2l's per-sentence `bleu` (d2l 1.0, 10.7.6) and corpus BLEU through sacrebleu.
+"""Scores: corpus BLEU and chrF as the field reports them (sacreBLEU), and d2l's per-sentence
+`bleu` (d2l 1.0, 10.7.6) for the chapter's sentences.
 
-Our sentences are already tokenized by `preprocess_nmt` (lower-case, a space before , . !),
-so corpus BLEU uses ``tokenize="none"``: sacrebleu splits on spaces, exactly the tokens `bleu`
-and the model see. (``"13a"`` would re-split words such as ``l'ai`` and inflate the score.)
+Corpus scores follow sacreBLEU's convention (Post 2018, "A Call for Clarity in Reporting BLEU
+Scores"): detokenized hypotheses against untokenized references, sacreBLEU's default ``13a``
+tokenizer, and the signature printed beside the score, so that a figure can be compared with
+others. Word-level models lower-case, so they are scored case-insensitively (``case:lc`` in
+the signature); subword models are cased. See docs/evaluation.md.
 """
 
 import collections
 import math
 
-import sacrebleu
+from sacrebleu.metrics import BLEU, CHRF
 
 # d2l 1.0 (10.7.6) translates these with the trained seq2seq model and prints their BLEU
 BLEU_PAIRS = [("go .", "va !"), ("i lost .", "j'ai perdu ."), ("he's calm .", "il est calme ."),
               ("i'm home .", "je suis chez moi .")]
-SACREBLEU_TOKENIZE = "none"
+# the same sentences as fra.txt spells them (the input of a cased, subword model)
+BLEU_PAIRS_TEXT = [("Go.", "Va !"), ("I lost.", "J'ai perdu."), ("He's calm.", "Il est calme."),
+                   ("I'm home.", "Je suis chez moi.")]
 
 
 def bleu(pred_seq, label_seq, k):
@@ -41,11 +46,61 @@ def bleu(pred_seq, label_seq, k):
     return score
 
 
-def corpus_bleu(hypotheses, references):
-    """Corpus BLEU (0-100) of hypothesis strings against one reference string each (sacrebleu,
-    ``tokenize="none"``: the text is already tokenized). Returns sacrebleu's BLEUScore."""
+def _check(hypotheses, references):
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    # force=True: the text is tokenized on purpose (else sacrebleu warns about "tokenized periods")
-    return sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize=SACREBLEU_TOKENIZE,
-                                 force=True)
+    if not hypotheses:
+        raise ValueError("nothing to score: no hypotheses")
+
+
+def corpus_bleu(hypotheses, references, lowercase=False):
+    """Corpus BLEU (0-100) of detokenized hypothesis strings against one reference each:
+    sacreBLEU's default ``13a`` tokenizer. Returns sacreBLEU's BLEUScore."""
+    _check(hypotheses, references)
+    return BLEU(lowercase=lowercase).corpus_score(list(hypotheses), [list(references)])
+
+
+def score(hypotheses, references, lowercase=False):
+    """Corpus BLEU and chrF of detokenized hypotheses against one reference each, as a dict:
+    ``bleu``, ``bleu_signature``, ``chrf``, ``chrf_signature``, ``sentences`` and BLEU's parts
+    (``precisions``, ``bp``, ``sys_len``, ``ref_len``). ``lowercase``: case-insensitive
+    (``case:lc`` in both signatures), for models that only write lower case."""
+    _check(hypotheses, references)
+    hyps, refs = list(hypotheses), [list(references)]
+    bleu_metric, chrf_metric = BLEU(lowercase=lowercase), CHRF(lowercase=lowercase)
+    b, c = bleu_metric.corpus_score(hyps, refs), chrf_metric.corpus_score(hyps, refs)
+    return {"bleu": b.score, "bleu_signature": str(bleu_metric.get_signature()),
+            "chrf": c.score, "chrf_signature": str(chrf_metric.get_signature()),
+            "sentences": len(hyps), "precisions": list(b.precisions), "bp": b.bp,
+            "sys_len": b.sys_len, "ref_len": b.ref_len}
+
+
+def format_score(result):
+    """``BLEU 31.63  chrF 55.20``."""
+    return f"BLEU {result['bleu']:5.2f}  chrF {result['chrf']:5.2f}"
+
+
+def _read_lines(path, what):
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+        lines = text.split("\n")  # line breaks are \n only, as sacrebleu reads them
+        if lines[-1] == "":
+            lines.pop()  # the final newline ends the last line
+        return [line[:-1] if line.endswith("\r") else line for line in lines]
+    except FileNotFoundError:
+        raise ValueError(f"{what} file not found: {path}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} file {path} is not UTF-8 ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"cannot read the {what} file {path}: {e.strerror}") from None
+
+
+def score_files(hyp_path, ref_path, lowercase=False):
+    """`score` of a file of hypotheses against a file of references, one sentence a line
+    (as ``sacrebleu REF < HYP`` scores them). Errors are a one-line ValueError."""
+    hyps, refs = _read_lines(hyp_path, "hypothesis"), _read_lines(ref_path, "reference")
+    if len(hyps) != len(refs):
+        raise ValueError(f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}")
+    return score(hyps, refs, lowercase)
+

@@ -49,12 +49,24 @@ class LayerNorm(nn.LayerNorm):
 
     def hybrid_forward(self, F, data, residual=None, gamma=None, beta=None):
         """data, residual: (batch, seq_len, d) -> (batch, seq_len, d)."""
-        if F is mx.sym and kernels.active() and self._axis == -1 and self._center \
-                and self._scale:
+        if self.fused(F):
             return kernels.layer_norm(F, data, residual, gamma, beta, self._epsilon)
         if residual is not None:
             data = data + residual  # (batch, seq_len, d)
         return super().hybrid_forward(F, data, gamma, beta)
+
+    def fused(self, F):
+        """True when a call with `F` runs the kernel: in a graph traced under `kernels.fused`
+        on a CPU, for the chapter's LayerNorm (last axis, with gamma and beta)."""
+        return F is mx.sym and kernels.active() and self._axis == -1 and self._center \
+            and self._scale
+
+    def dropout_add(self, F, data, residual, rate):
+        """``LayerNorm(Dropout(rate)(data) + residual)`` as ONE kernel, the dropout drawn
+        inside it (MXNet's Dropout distribution, off at inference); only where `fused`.
+        data, residual: (batch, seq_len, d) symbols -> (batch, seq_len, d)."""
+        gamma, beta = (p.var().as_np_ndarray() for p in (self.gamma, self.beta))  # graph inputs
+        return kernels.layer_norm(F, data, residual, gamma, beta, self._epsilon, rate)
 
 
 def make_norm(norm="layer", hidden_size=None):
@@ -89,6 +101,9 @@ class AddNorm(nn.HybridBlock):
         if self.pre_norm:
             return self.dropout(Y) + X
         if isinstance(self.norm, LayerNorm):
+            rate = self.dropout._rate
+            if 0 < rate < 1 and self.norm.fused(F):  # dropout, add and norm: one kernel
+                return self.norm.dropout_add(F, Y, X, rate)
             return self.norm(self.dropout(Y), X)  # LayerNorm(dropout(Y) + X), one kernel in graphs
         return self.norm(self.dropout(Y) + X)
 

@@ -20,6 +20,7 @@ import math
 from mxnet import autograd, np
 from mxnet.gluon import nn
 
+from . import _graphs
 from .attention import _F, MultiHeadAttention
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, make_norm
 
@@ -67,9 +68,10 @@ class _BlockStack:
         self.final_norm = make_norm(norm, self.embedding_size) if pre_norm else None
 
     def prune(self, layers_to_keep):
-        """Run only these block indices from now on (LayerDrop's inference pruning); None: all."""
+        """Run only these block indices from now on (LayerDrop's inference pruning); None: all.
+        Clears every cached graph that contains this stack (`_graphs.invalidate`)."""
         self.layers_to_keep = None if layers_to_keep is None else list(layers_to_keep)
-        self._clear_cached_op()
+        _graphs.invalidate(self)
 
     def _active_blocks(self):
         keep = self.layers_to_keep
@@ -205,7 +207,7 @@ class DecoderBlock(nn.HybridBlock):
         """The block's arithmetic, shared by the stateful and the graph call.
 
         Xn is `addnorm_1.prenorm(X)` (X itself unless pre-norm); with pre-norm, `key_values`
-        holds the normalized inputs (the cache stores them). ``kv`` (issue 4): the projected
+        holds the normalized inputs (the cache stores them). ``kv`` (`DecoderStep`): the projected
         ``[self keys, self values, encoder keys, encoder values]`` replace the projections of
         `key_values` and `enc_outputs`."""
         if kv is None:
@@ -243,28 +245,13 @@ class DecoderBlock(nn.HybridBlock):
         else:
             key_values = np.concatenate((state[2][self.i], Xn), axis=1)  # (batch, past + T, d)
         state[2][self.i] = key_values
-        kv = self._update_kv_cache(Xn, state) if len(state) > 3 else None
         valid_length = None
         if self.exact_chapter and autograd.is_training():
             batch_size, seq_len, _ = X.shape
             # (batch_size, seq_len): the j-th column holds j + 1, the chapter's causal lengths
             valid_length = np.tile(np.arange(1, seq_len + 1, ctx=X.context), (batch_size, 1))
-        return (self._sublayers(X, Xn, key_values, valid_length, enc_outputs, enc_valid_length,
-                                kv), state)
-
-    def _update_kv_cache(self, Xn, state):
-        """state[3][i] (issue 4, see `TransformerDecoder.init_kv_state`): append the new
-        positions' projected keys/values; the encoder's are projected once, at the first step.
-        Each entry is (batch, positions, hidden_size)."""
-        k, v = self.attention_1.project_kv(Xn)  # only the new positions: (batch, T, hidden)
-        kv = state[3][self.i]
-        if kv is None:
-            kv = [k, v, *self.attention_2.project_kv(state[0])]
-        else:
-            kv = [np.concatenate((kv[0], k), axis=1), np.concatenate((kv[1], v), axis=1),
-                  kv[2], kv[3]]  # (batch, past + T, hidden)
-        state[3][self.i] = kv
-        return kv
+        return (self._sublayers(X, Xn, key_values, valid_length, enc_outputs, enc_valid_length),
+                state)
 
 
 class TransformerDecoder(_BlockStack, Decoder):
@@ -291,12 +278,6 @@ class TransformerDecoder(_BlockStack, Decoder):
     def init_state(self, enc_outputs, enc_valid_length, *args):
         """``[enc_outputs, enc_valid_length, [None] * num_layers]``: nothing cached yet."""
         return [enc_outputs, enc_valid_length, [None] * self.num_layers]
-
-    def init_kv_state(self, enc_outputs, enc_valid_length, *args):
-        """`init_state` plus ``state[3]``, a key/value cache per block (issue 4): with it the
-        stateful call projects only the new positions' keys/values at each step, and the
-        encoder's once. ``state[2]`` keeps the chapter's meaning; the outputs are the same."""
-        return self.init_state(enc_outputs, enc_valid_length, *args) + [[None] * self.num_layers]
 
     def forward(self, X, *args):
         """``decoder(X, state) -> (logits, state)`` (chapter) or
@@ -331,16 +312,39 @@ class TransformerDecoder(_BlockStack, Decoder):
         return self.dense(X if self.final_norm is None else self.final_norm(X)), state
 
 
-class DecoderStep(nn.HybridBlock):
-    """One greedy decoding step with a key/value cache, as ONE graph of fixed shapes (issue 4).
+class EncoderKV(nn.HybridBlock):
+    """The source side of cached decoding as one graph: the encoder, then every active decoder
+    block's encoder-decoder keys and values, projected once per sentence.
 
-    ``step(X, position, enc_valid_length, *caches) -> (logits, *self_caches)``. X: (batch, 1)
-    the tokens at `position` (a (1,) array); caches, per active block of `decoder`: self keys,
-    self values, each (batch, max_len, hidden) with the positions < `position` filled, then
-    encoder keys, encoder values (batch, T, hidden) (`MultiHeadAttention.project_kv`). Only
-    the new position is projected; it is written at `position` and the self-attention reads
-    the first ``position + 1`` keys, so the shapes never change and the step hybridizes
-    (``static_alloc=True, static_shape=True``). The arithmetic is the decoder's own
+    ``graph(X, valid_length) -> (K_enc, V_enc) per active decoder block``; X: (batch, T) source
+    ids, valid_length: (batch,); each output (batch, T, hidden). Holds no weights of its own.
+    """
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = model.encoder
+        self.decoder = model.decoder
+
+    def hybrid_forward(self, F, X, valid_length):
+        enc_outputs = self.encoder(X, valid_length)  # (batch, T, d)
+        kv = []
+        for blk in self.decoder._active_blocks():
+            kv += blk.attention_2.project_kv(enc_outputs)  # 2 x (batch, T, hidden)
+        return tuple(kv)
+
+
+class DecoderStep(nn.HybridBlock):
+    """One decoding step with a key/value cache, as ONE graph of fixed shapes.
+
+    ``step(X, position, enc_valid_length, *caches) -> (log_probs, *self_caches)``. X: (rows, 1)
+    the tokens at `position` (a (1,) array), one row per sentence (or per beam of a sentence);
+    caches, per active block of `decoder`: self keys, self values, each (rows, max_len, hidden),
+    newest position first (zeros at the start), then encoder keys, encoder values
+    (rows, T, hidden) (`EncoderKV`). Only the new position is projected; the self caches shift
+    by one row and take it in front, and the self-attention reads their first ``position + 1``
+    rows (the order of the keys does not change the attention), so the shapes never change and
+    the step hybridizes (``static_alloc=True, static_shape=True``). log_probs: (rows, vocab),
+    the log-softmax of the decoder's logits. The arithmetic is the decoder's own
     (`DecoderBlock._sublayers` with the projected keys/values); this block holds no weights.
     """
 
@@ -350,22 +354,21 @@ class DecoderStep(nn.HybridBlock):
 
     def hybrid_forward(self, F, X, position, enc_valid_length, *caches):
         dec = self.decoder
-        X = dec.pos_encoding(_embed(dec, X), position)  # (batch, 1, d)
-        write = F.npx.arange_like(caches[0], axis=1) == position.astype("float32")  # (max_len,)
-        write = F.np.expand_dims(F.np.expand_dims(write, 0), -1)  # (1, max_len, 1)
-        self_length = F.np.zeros_like(enc_valid_length) + position + 1  # (batch,)
+        X = dec.pos_encoding(_embed(dec, X), position)  # (rows, 1, d)
+        self_length = F.np.zeros_like(enc_valid_length) + position + 1  # (rows,)
         new_caches = []
         for i, blk in enumerate(dec._active_blocks()):
             K, V, K_enc, V_enc = caches[4 * i:4 * i + 4]
             Xn = blk.addnorm_1.prenorm(X)
-            k, v = blk.attention_1.project_kv(Xn)  # the new position only: (batch, 1, hidden)
-            K = F.np.where(write, k, K)  # (batch, max_len, hidden)
-            V = F.np.where(write, v, V)
+            k, v = blk.attention_1.project_kv(Xn)  # the new position only: (rows, 1, hidden)
+            K = F.np.concatenate([k, K[:, :-1]], axis=1)  # (rows, max_len, hidden), newest first
+            V = F.np.concatenate([v, V[:, :-1]], axis=1)
             X = blk._sublayers(X, Xn, None, self_length, None, enc_valid_length,
                                [K, V, K_enc, V_enc])
             new_caches += [K, V]
-        logits = dec.dense(X if dec.final_norm is None else dec.final_norm(X))  # (batch, 1, V)
-        return (logits, *new_caches)
+        logits = dec.dense(X if dec.final_norm is None else dec.final_norm(X))  # (rows, 1, V)
+        log_probs = F.npx.log_softmax(F.npx.reshape(logits, (-2, -3, -2)))  # (rows, V)
+        return (log_probs, *new_caches)
 
 
 def build_model(cfg, src_vocab_size, tgt_vocab_size):

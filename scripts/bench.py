@@ -11,14 +11,28 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     fast, fast without kernels, book, ...), because this machine's speed drifts by 2x within
     minutes: a row's value is its median over the rounds, and a training ratio is the median
     of the per-round ratios (rows measured within seconds of each other);
-(b) greedy decoding ms/sentence at 50 target tokens (no early stop): the key/value cache, the
-    chapter's state (caches block inputs, re-projects them every step), and no cache (the whole
-    prefix recomputed every step; imperative, and as a hybridized graph);
-(c) batched greedy translation sentences/s of training sentences at batch sizes 1, 64, 256;
+(b) greedy decoding ms/sentence at 50 target tokens (no early stop): the translator's
+    key/value cache, the chapter's state (caches block inputs, re-projects them every step), and
+    no cache (the whole prefix recomputed every step; imperative, and as a hybridized graph);
+    the last two are tests/decoding_reference.py's;
+(c) batched greedy translation (the translator) sentences/s of training sentences at batch
+    sizes 1, 64, 256;
 (e) issue 6: the fast path on 2 CPU contexts and on 2 dist_sync worker processes;
+(f) translation sentences/s of a `full`-sized model (random weights, ~9k/13k-word vocabularies,
+    2,000 sentences, 30 tokens each, batches of 64, start-up excluded), greedy and beam 4: the
+    translator vs the former path (gluonnlp's BeamSearchSampler over the chapter's state), the
+    two alternating batch by batch in one process (the same load for both);
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
-Then the ratios. ``--quick``: TINY sizes and fewer sentences (CI, under a minute).
+(g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
+    latency, errors) and a bad-request storm (docs/serving.md); ``--serve-model DIR`` serves
+    that model directory instead of training the chapter preset first.
+(h) the `full` preset's training (d=128, dropout 0.1, label smoothing, warmup, bucketed
+    batches) in target tokens/s on a slice of its real batches (``full_batches`` of the first
+    epoch, seed 0): the imperative path vs the fast path, interleaved rounds as in (a); the
+    first pass over the slice is warm-up (deferred init, graph building), the next ones timed.
+Then the ratios. ``--only GROUP`` runs one group of rows (``--only full``: (h) alone).
+``--quick``: TINY sizes and fewer sentences (CI, under a minute).
 ``--json PATH`` writes every figure. The decoding rows use the model the fast row trained.
 """
 
@@ -48,6 +62,13 @@ ROWS = [  # key, label
     ("batch_256", "(c) batched greedy sentences/s batch=256"),
     ("train_2ctx", "(e) train fast, 2 contexts cpu:0,cpu:1 tokens/s"),
     ("train_dist2", "(e) train fast, 2 dist_sync workers tokens/s"),
+    ("translate_old_greedy", "(f) translate full-size, old beam_search, greedy sentences/s"),
+    ("translate_greedy", "(f) translate full-size, Translator, greedy sentences/s"),
+    ("translate_old_beam4", "(f) translate full-size, old beam_search, beam 4 sentences/s"),
+    ("translate_beam4", "(f) translate full-size, Translator, beam 4 sentences/s"),
+    ("serving", "(g) serve, concurrent clients on loopback requests/s"),
+    ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
+    ("train_full_fast", "(h) full preset train, fast target tokens/s"),
 ]
 RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/faithful", "train_fast", "train_faithful"),
@@ -59,16 +80,32 @@ RATIOS = [  # label, numerator, denominator
     ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
     ("(e) scale ratio 2 contexts/1 device", "train_2ctx", "train_fast"),
     ("(e) scale ratio 2 dist_sync workers/1 device", "train_dist2", "train_fast"),
+    ("(f) translate ratio greedy Translator/old", "translate_greedy", "translate_old_greedy"),
+    ("(f) translate ratio beam 4 Translator/old", "translate_beam4", "translate_old_beam4"),
+    ("(h) full preset train ratio fast/imperative", "train_full_fast", "train_full_imperative"),
 ]
+GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
+          "translation": "(f)", "serving": "(g)",
+          "full": "(h)"}  # --only GROUP: the rows whose label starts with this
 DECODE_TOKENS = 50
-REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels")
+REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
+            "train_full_imperative", "train_full_fast")
 
 
 def sizes(quick):
     import d2l_transformer as d2t
-    if quick:
-        return dict(cfg=d2t.TINY, epochs=3, n_greedy=3, n_batch=256, n_batch_1=20)
-    return dict(cfg=d2t.CHAPTER, epochs=6, n_greedy=20, n_batch=1000, n_batch_1=100)
+    if quick:  # (f): a small model on 128 held-out sentences of a 3,000-pair split
+        return dict(cfg=d2t.TINY, epochs=3, n_greedy=3, n_batch=256, n_batch_1=20,
+                    translate_cfg=d2t.CHAPTER.replace(num_examples=3000), translate_min_freq=3,
+                    n_translate=128, translate_length=10,
+                    full_cfg=d2t.FULL.replace(num_examples=3000, vocab_size=600, batch_size=32,
+                                              num_valid=100, num_test=100),
+                    full_batches=4, full_epochs=2)
+    return dict(cfg=d2t.CHAPTER, epochs=6, n_greedy=20, n_batch=1000, n_batch_1=100,
+                translate_cfg=d2t.CHAPTER.replace(embedding_size=128, ffn_hidden_size=512,
+                                                  dropout=0.1, num_steps=30, num_examples=None),
+                translate_min_freq=3, n_translate=2000, translate_length=30,
+                full_cfg=d2t.FULL, full_batches=24, full_epochs=3)
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,40 +162,368 @@ def _trained_model(s, params_path):
     return model, src_vocab, tgt_vocab, sentences
 
 
-def greedy_row(s, params_path, cache, hybridize=False):
-    """ms/sentence, one sentence at a time, always DECODE_TOKENS steps."""
+def _reference():
+    """tests/decoding_reference.py: the reference decoders (the chapter's state, gluonnlp's
+    beam search over it: the package's former translation path)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    import decoding_reference
+    return decoding_reference
+
+
+def greedy_row(s, params_path, mode, hybridize=False):
+    """(b) ms/sentence, one sentence at a time, always DECODE_TOKENS steps: the translator's
+    key/value cache (``mode="cache"``), or decoding through the chapter's state (``"state"``,
+    which re-projects every cached input) or of the whole prefix every step (``"prefix"``)."""
     import mxnet as mx
 
-    import d2l_transformer as d2t
+    from d2l_transformer.inference.translator import Translator
     model, src_vocab, tgt_vocab, sentences = _trained_model(s, params_path)
+    num_steps = s["cfg"].num_steps
     if hybridize:
         model.hybridize()
-    run = [sentences[i % len(sentences)] for i in range(s["n_greedy"] + 1)]
-    d2t.predict_greedy_batch(model, run[:1], src_vocab, tgt_vocab, DECODE_TOKENS, mx.cpu(),
-                             cache=cache, until_eos=False)  # warm-up
+    if mode == "cache":
+        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=num_steps,
+                                max_length=DECODE_TOKENS)
+
+        def decode(tokens):
+            return translator.translate([tokens], early_stop=False)
+    else:
+        reference = _reference()
+
+        def decode(tokens):
+            return reference.greedy(model, tokens, src_vocab, tgt_vocab, num_steps, mx.cpu(),
+                                    mode, max_length=DECODE_TOKENS, until_eos=False)
+    run = [sentences[i % len(sentences)].split() for i in range(s["n_greedy"] + 1)]
+    decode(run[0])  # warm-up
     tic = time.time()
-    for sentence in run[1:]:
-        d2t.predict_greedy_batch(model, [sentence], src_vocab, tgt_vocab, DECODE_TOKENS,
-                                 mx.cpu(), cache=cache, until_eos=False)
+    for tokens in run[1:]:
+        decode(tokens)
     return (time.time() - tic) / s["n_greedy"] * 1000, {"sentences": s["n_greedy"]}
 
 
 def batch_row(s, params_path, batch_size):
-    """sentences/s of batched greedy translation (key/value cache, stops at <eos>)."""
+    """(c) sentences/s of batched greedy translation (the translator, stops at <eos>)."""
     import mxnet as mx
 
-    import d2l_transformer as d2t
+    from d2l_transformer.inference.translator import Translator
     model, src_vocab, tgt_vocab, sentences = _trained_model(s, params_path)
     n = s["n_batch_1"] if batch_size == 1 else s["n_batch"]
-    sentences = [sentences[i % len(sentences)] for i in range(n)]
+    sentences = [sentences[i % len(sentences)].split() for i in range(n)]
     num_steps = s["cfg"].num_steps
-    d2t.predict_greedy_batch(model, sentences[:batch_size], src_vocab, tgt_vocab, num_steps,
-                             mx.cpu())  # warm-up
+    translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=num_steps,
+                            max_length=num_steps, batch_size=batch_size)
+    translator.translate(sentences[:batch_size])  # warm-up
     tic = time.time()
-    for i in range(0, n, batch_size):
-        d2t.predict_greedy_batch(model, sentences[i:i + batch_size], src_vocab, tgt_vocab,
-                                 num_steps, mx.cpu())
+    translator.translate(sentences)
     return n / (time.time() - tic), {"sentences": n}
+
+def _translation_setup(s):
+    """(f): a model of the `full` preset's sizes (d=128, FFN 512, 4 heads, 2+2 layers) with
+    random weights (seed 0), word vocabularies of all pairs with min_freq 3 (~9k source / 13k
+    target tokens), and `n_translate` source sentences drawn at random (seed 0) from the corpus
+    (with random weights only their lengths matter)."""
+    import mxnet as mx
+    import numpy as onp
+    from mxnet import init
+
+    import d2l_transformer as d2t
+    from d2l_transformer.data import RESERVED_TOKENS, Vocab, preprocess_nmt, read_data_nmt, tokenize_nmt
+    cfg = s["translate_cfg"]
+    source, target = tokenize_nmt(preprocess_nmt(read_data_nmt()), cfg.num_examples)
+    src_vocab = Vocab(source, min_freq=s["translate_min_freq"], reserved_tokens=RESERVED_TOKENS)
+    tgt_vocab = Vocab(target, min_freq=s["translate_min_freq"], reserved_tokens=RESERVED_TOKENS)
+    d2t.set_seed(0)
+    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+    model.initialize(init.Xavier(), ctx=mx.cpu())
+    pick = onp.random.RandomState(0).choice(len(source), s["n_translate"], replace=False)
+    return model, src_vocab, tgt_vocab, cfg, [source[i] for i in pick]
+
+
+def translate_pair(s, beam):
+    """(f) sentences/s translating `n_translate` sentences 64 at a time, at most
+    `translate_length` tokens each (random weights: almost every sentence runs to that length),
+    greedy or beam 4: the Translator and the former path (gluonnlp's BeamSearchSampler over the
+    chapter's state, tests/decoding_reference.py) on the same batches, alternating batch by
+    batch so that both see this machine's load as it drifts. Start-up (data, model, each
+    path's first batch: graphs, memory plans) is excluded."""
+    import mxnet as mx
+
+    from d2l_transformer.inference.translator import Translator
+    reference = _reference()
+    model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
+    length, batch = s["translate_length"], 64
+    translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
+                            max_length=length, batch_size=batch)
+    paths = {
+        "old": lambda part: [tokens for tokens, _ in reference.beam_search(
+            model, part, src_vocab, tgt_vocab, cfg.num_steps, mx.cpu(), beam_size=beam,
+            max_length=length)],
+        "new": lambda part: [h.tokens for h in translator.translate(part, beam_size=beam)]}
+    seconds, tokens = {"old": 0.0, "new": 0.0}, {"old": [], "new": []}
+    for decode in paths.values():
+        decode(sentences[:batch])  # warm-up
+    for i in range(0, len(sentences), batch):
+        for name, decode in paths.items():
+            tic = time.time()
+            tokens[name] += decode(sentences[i:i + batch])
+            seconds[name] += time.time() - tic
+    return {"old": len(sentences) / seconds["old"], "new": len(sentences) / seconds["new"],
+            "seconds": seconds, "sentences": len(sentences), "beam": beam, "max_length": length,
+            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
+            "same_translations": sum(a == b for a, b in zip(tokens["old"], tokens["new"])),
+            "vocab": [len(src_vocab), len(tgt_vocab)],
+            "peak_rss_mb": _peak_rss_mb()}  # of the process that ran both paths
+
+
+def translate_row(s, key, params_path):
+    """(f) one side of `translate_pair`, measured once for both rows (kept beside the params)."""
+    beam = 4 if key.endswith("beam4") else 1
+    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()),
+                        f"translate_beam{beam}.json")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(translate_pair(s, beam), f)
+    with open(path) as f:
+        pair = json.load(f)
+    value = pair["old" if "_old_" in key else "new"]
+    return value, {k: v for k, v in pair.items() if k not in ("old", "new")}
+
+
+SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
+
+
+def _serving_sizes(quick):
+    import d2l_transformer as d2t
+    if quick:
+        return dict(cfg=d2t.TINY, clients=4, requests=60, storm=120, after=20)
+    return dict(cfg=d2t.CHAPTER, clients=8, requests=2000, storm=400, after=200)
+
+
+def _serving_bad_requests():
+    """``[(method, path, body, expected status)]``: one of each kind of bad request."""
+    big = json.dumps({"text": ["go . " * 220000]}).encode()  # over the 1 MB cap
+    return [("POST", "/translate", b'{"text": ["go ."', 400),
+            ("POST", "/translate", b'\xff\xfe{"text": ["go ."]}', 400),
+            ("POST", "/translate", b"[" * 50000, 400),
+            ("POST", "/translate", b'["go ."]', 422),
+            ("POST", "/translate", b'{"beam": 4}', 422),
+            ("POST", "/translate", b'{"text": "go ."}', 422),
+            ("POST", "/translate", b'{"text": ["go .", 7]}', 422),
+            ("POST", "/translate", b'{"text": []}', 422),
+            ("POST", "/translate", b'{"text": ["   "]}', 422),
+            ("POST", "/translate", b'{"text": ["go ."], "beam": 99}', 422),
+            ("POST", "/translate", b'{"text": ["go ."], "beam": true}', 422),
+            ("POST", "/translate", json.dumps({"text": ["go ."] * 1000}).encode(), 413),
+            ("POST", "/translate", json.dumps({"text": ["go " * 600]}).encode(), 413),
+            ("POST", "/translate", big, 413),
+            ("GET", "/translate", None, 405),
+            ("POST", "/nowhere", b"{}", 404)]
+
+
+class _Client:
+    """One keep-alive HTTP/1.1 connection (http.client); reconnects after the server closed it."""
+
+    def __init__(self, port):
+        self.port, self.conn = port, None
+
+    def send(self, method, path, body=None):
+        import http.client
+        for attempt in (0, 1):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+            try:
+                headers = {"Content-Type": "application/json"} if body is not None else {}
+                self.conn.request(method, path, body=body, headers=headers)
+                response = self.conn.getresponse()
+                data = response.read()
+                if response.getheader("connection", "").lower() == "close":
+                    self.close()
+                return response.status, data
+            except (ConnectionError, http.client.HTTPException):
+                self.close()
+                if attempt:
+                    raise
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def serving_row(quick):
+    """(g) ``d2l-transformer serve`` in its own process on loopback; `clients` threads, each on
+    a keep-alive connection, send `requests` one-sentence requests (beam 4, training sentences).
+    Figures: requests/s, p50/p99 latency, errors (a failed request, a non-200, or a translation
+    other than the server's answer to that sentence sent alone before the load), the mean
+    micro-batch. Then the bad-request storm: `storm` malformed requests of every kind, one good
+    request after every 3 bad ones, and `after` good requests: every bad one must get its 4xx,
+    every good one its translation."""
+    import concurrent.futures
+    import io
+    import socket
+    import threading
+
+    from d2l_transformer.data import preprocess_nmt, read_data_nmt, tokenize_nmt
+    from d2l_transformer.io import checkpoint
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        return float("nan"), {"skipped": "the serve extra is not installed"}
+    z = _serving_sizes(quick)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.environ.get(SERVE_MODEL_ENV)
+        if not model_dir:
+            import mxnet as mx
+
+            from d2l_transformer.training.run import train_model
+            model_dir = os.path.join(tmp, "model")
+            train_model(z["cfg"], model_dir, ctx=mx.cpu(), progress=False, log=io.StringIO())
+        cfg = checkpoint.load_config(model_dir)
+        source, _ = tokenize_nmt(preprocess_nmt(read_data_nmt()), cfg.num_examples)
+        sentences = sorted({" ".join(tokens) for tokens in source})[:200]
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        log = open(os.path.join(tmp, "server.log"), "w")
+        server = subprocess.Popen([sys.executable, "-m", "d2l_transformer.cli", "serve", "--model",
+                                   model_dir, "--port", str(port), "--ctx", "cpu"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        local = threading.local()
+
+        def send(method, path, body=None):
+            if not hasattr(local, "client"):
+                local.client = _Client(port)
+            return local.client.send(method, path, body)
+
+        def translate(sentence):
+            status, data = send("POST", "/translate",
+                                json.dumps({"text": [sentence], "beam": 4}).encode())
+            return json.loads(data)["translations"][0]["translation"] if status == 200 else None
+
+        try:
+            deadline = time.time() + 300
+            while True:
+                try:
+                    if _Client(port).send("GET", "/health")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the server did not start:\n" + open(log.name).read()[-2000:])
+                time.sleep(0.2)
+            expected = {s: translate(s) for s in sentences}  # one at a time, before the load
+            before = json.loads(send("GET", "/health")[1])
+
+            def good(i):
+                sentence = sentences[i % len(sentences)]
+                tic = time.perf_counter()
+                try:
+                    ok = translate(sentence) == expected[sentence]
+                except OSError:
+                    ok = False
+                return ok, time.perf_counter() - tic
+
+            with concurrent.futures.ThreadPoolExecutor(z["clients"]) as pool:
+                tic = time.perf_counter()
+                load = list(pool.map(good, range(z["requests"])))
+                seconds = time.perf_counter() - tic
+                after_load = json.loads(send("GET", "/health")[1])
+                bad = _serving_bad_requests()
+
+                def storm(i):  # 3 bad, 1 good, ...
+                    if i % 4 == 3:
+                        return "good", good(i)[0]
+                    method, path, body, status = bad[(i - i // 4) % len(bad)]
+                    try:
+                        got, data = send(method, path, body)
+                        return "bad", got == status and "error" in json.loads(data)
+                    except OSError:
+                        return "bad", False
+
+                stormed = list(pool.map(storm, range(z["storm"] * 4 // 3)))
+                afterwards = list(pool.map(good, range(z["after"])))
+        finally:
+            server.terminate()
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+            log.close()
+    latencies = sorted(t for _, t in load)
+    batches = after_load["batches"] - before["batches"]
+    sentences_done = after_load["sentences"] - before["sentences"]
+    bad_ok = [ok for kind, ok in stormed if kind == "bad"]
+    good_ok = [ok for kind, ok in stormed if kind == "good"] + [ok for ok, _ in afterwards]
+    extra = {"clients": z["clients"], "requests": len(load), "seconds": seconds,
+             "p50_ms": 1000 * statistics.median(latencies),
+             "p99_ms": 1000 * statistics.quantiles(latencies, n=100, method="inclusive")[98],
+             "errors": sum(not ok for ok, _ in load),
+             "mean_batch": sentences_done / max(batches, 1),
+             "storm_bad": len(bad_ok), "storm_bad_wrong": sum(not ok for ok in bad_ok),
+             "storm_good": len(good_ok), "storm_good_wrong": sum(not ok for ok in good_ok),
+             "model": os.path.basename(os.path.normpath(model_dir)), "beam": 4}
+    extra["detail"] = (f"{extra['clients']} clients, {extra['requests']} requests: p50 "
+                       f"{extra['p50_ms']:.0f} ms, p99 {extra['p99_ms']:.0f} ms, errors "
+                       f"{extra['errors']}, mean micro-batch {extra['mean_batch']:.1f}; storm: "
+                       f"{extra['storm_bad']} bad requests, {extra['storm_bad_wrong']} without "
+                       f"their 4xx; {extra['storm_good']} good ones, {extra['storm_good_wrong']} "
+                       "wrong")
+    if extra["errors"] or extra["storm_bad_wrong"] or extra["storm_good_wrong"]:
+        raise RuntimeError("serving: " + extra["detail"])
+    return len(load) / seconds, extra
+
+
+def _full_slice(s, cache_dir):
+    """(h): ``(src vocabulary size, tgt vocabulary size, batches)``, the first `full_batches`
+    batches of the `full` preset's bucketed loader (seed 0) as NumPy arrays; built once per
+    benchmark run (tokenizer training and bucketing take a minute) and kept in `cache_dir`."""
+    import pickle
+
+    import d2l_transformer as d2t
+    from d2l_transformer.training.run import load_data
+    cfg = s["full_cfg"]
+    path = os.path.join(cache_dir, f"full_slice_{s['full_batches']}.pkl")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    d2t.set_seed(0)
+    src_vocab, tgt_vocab, it, _ = load_data(cfg, cfg.batch_size)
+    batches = [[a.asnumpy() for a in batch] for _, batch in zip(range(s["full_batches"]), it)]
+    out = (len(src_vocab), len(tgt_vocab), batches)
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(out, f)
+    os.replace(path + ".tmp", path)
+    return out
+
+
+def full_train_row(s, fast, cache_dir):
+    """(h) target tokens/s of `train_s2s_ch8` on the `full` preset's slice (`_full_slice`),
+    its model, trainer (Adam, warmup) and loss (label smoothing, per-token), imperative
+    (``fast=False``) or fast; every pass over the slice after the first is timed."""
+    import mxnet as mx
+    from mxnet import init
+
+    import d2l_transformer as d2t
+    from d2l_transformer.training.loss import MaskedSoftmaxCELoss
+    from d2l_transformer.training.optim import make_trainer
+    cfg = s["full_cfg"]
+    src_size, tgt_size, arrays = _full_slice(s, cache_dir)
+    batches = [[mx.np.array(a, dtype="float32") for a in batch] for batch in arrays]
+    tokens = sum(float(Y_len.sum() - len(Y_len)) for *_, Y_len in arrays)  # Y_valid_len - 1
+    d2t.set_seed(0)  # both paths: the same initial weights
+    model = d2t.build_model(cfg, src_size, tgt_size)
+    model.initialize(init.Xavier(), ctx=mx.cpu())
+    trainer = make_trainer(model, cfg.lr, cfg.warmup_steps)
+    loss = MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction)
+    stamps = []
+    summary = d2t.train_s2s_ch8(model, batches, cfg.lr, s["full_epochs"], mx.cpu(),
+                                trainer=trainer, loss=loss, fast=fast,
+                                on_epoch=lambda epoch, loss: stamps.append(time.time()))
+    rate = tokens * (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    shapes = sorted({(X.shape[0], X.shape[1], Y.shape[1]) for X, _, Y, _ in arrays})
+    return rate, {"loss": summary["loss"], "batches": len(arrays), "tokens_per_pass": tokens,
+                  "passes_timed": len(stamps) - 1, "shapes": len(shapes)}
 
 
 def _peak_rss_mb():
@@ -243,11 +608,17 @@ def run_row(key, quick, params_path):
     if key == "train_fast_nokernels":  # the same fast path on MXNet's own operators
         with mock.patch.dict(os.environ, {"D2L_TRANSFORMER_KERNELS": "0"}):
             return train_row(s, True, None)
+    if key.startswith("train_full_"):
+        return full_train_row(s, key == "train_full_fast", os.path.dirname(params_path))
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
+    if key.startswith("translate_"):
+        return translate_row(s, key, params_path)
+    if key == "serving":
+        return serving_row(quick)
     if key.startswith("greedy_"):
-        cache = {"greedy_kv": True, "greedy_inputs": "inputs"}.get(key, False)
-        return greedy_row(s, params_path, cache, hybridize=key.endswith("_graph"))
+        mode = {"greedy_kv": "cache", "greedy_inputs": "state"}.get(key, "prefix")
+        return greedy_row(s, params_path, mode, hybridize=key.endswith("_graph"))
     return batch_row(s, params_path, int(key.split("_")[1]))
 
 
@@ -258,14 +629,21 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved rounds of the (a) training rows (default 3; --quick: 1)")
+    p.add_argument("--only", choices=sorted(GROUPS), default=None,
+                   help="run only this group of rows (and its ratios)")
+    p.add_argument("--serve-model", default=None, metavar="DIR",
+                   help="(g): serve this model directory (default: train the chapter preset)")
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if args.serve_model:  # the row's process reads it from its environment
+        os.environ[SERVE_MODEL_ENV] = os.path.abspath(args.serve_model)
     if args.row:  # child: measure one row, print its JSON
-        if args.row == "train_dist2_worker":
-            import mxnet  # noqa: F401  (as scheduler or server, this import runs the role and exits)
+        # first: its NumPy-alias shim must precede every import of mxnet (Python 3.12+); its
+        # import of mxnet runs the role and exits in a dist_sync scheduler or server
+        import d2l_transformer  # noqa: F401
         value, extra = run_row(args.row, args.quick, args.params)
         print(json.dumps({"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}))
         return 0
@@ -273,6 +651,8 @@ def main(argv=None):
     header = "peak RSS MB" if not args.quick else "RSS MB (cum.)"
     print(f"{'row':52s} {'value':>10s} {header:>14s}", flush=True)
     repeats = 1 if args.quick else args.repeats
+    rows = [(k, label) for k, label in ROWS if not args.only or label.startswith(GROUPS[args.only])]
+    repeated = [k for k in REPEATED if k in dict(rows)]
     with tempfile.TemporaryDirectory() as tmp:
         params = os.path.join(tmp, "model.params")
 
@@ -288,12 +668,12 @@ def main(argv=None):
             return json.loads(proc.stdout.strip().splitlines()[-1])
 
         try:
-            for r in range(repeats):  # the training rows, interleaved
-                rounds.append({key: measure(key) for key in REPEATED})
+            for r in range(repeats if repeated else 0):  # the training rows, interleaved
+                rounds.append({key: measure(key) for key in repeated})
                 if repeats > 1:
                     print(f"  round {r + 1}: " + ", ".join(
-                        f"{key} {rounds[-1][key]['value']:.0f}" for key in REPEATED), flush=True)
-            for key, label in ROWS:
+                        f"{key} {rounds[-1][key]['value']:.0f}" for key in repeated), flush=True)
+            for key, label in rows:
                 if key in REPEATED:
                     values = [rnd[key]["value"] for rnd in rounds]
                     results[key] = {**rounds[-1][key], "value": statistics.median(values), "rounds": values,
@@ -303,10 +683,14 @@ def main(argv=None):
                 results[key]["label"] = label
                 print(f"{label:52s} {results[key]['value']:10.1f} "
                       f"{results[key]['peak_rss_mb']:14.1f}", flush=True)
+                if "detail" in results[key]:
+                    print(f"    {results[key]['detail']}", flush=True)
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
     for label, num, den in RATIOS:
+        if num not in results or den not in results:  # --only: another group's ratio
+            continue
         if num in REPEATED and den in REPEATED:  # the median of same-round ratios
             per_round = [rnd[num]["value"] / rnd[den]["value"] for rnd in rounds]
             ratio = statistics.median(per_round)

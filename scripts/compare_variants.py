@@ -60,8 +60,9 @@ def run_variant(cfg, changes, keep, seed, heldout, fast, ctx):
         for stack in (model.encoder, model.decoder):
             stack.prune(every_other_layers(cfg.num_layers, keep))
     src, ref = src[:heldout], ref[:heldout]
-    hyps = d2t.predict_greedy_batch(model, [" ".join(x) for x in src], src_vocab, tgt_vocab,
-                                    cfg.num_steps, ctx)
+    translator = d2t.Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
+                                max_length=cfg.num_steps)
+    hyps = [" ".join(h.tokens) for h in translator.translate(src)]
     bleu = corpus_bleu(hyps, [" ".join(r) for r in ref]).score if src else float("nan")
     return {"loss": s["loss"], "loss_per_token": s["loss_per_token"], "bleu": bleu,
             "tokens_per_sec": s["tokens_per_sec"], "heldout_pairs": len(src)}, curve

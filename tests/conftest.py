@@ -2,11 +2,10 @@
 
 import os
 
+import d2l_transformer as d2t  # isort: skip  (first: its NumPy-alias shim must precede mxnet)
 import mxnet as mx
 import numpy as onp
 import pytest
-
-import d2l_transformer as d2t
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 

@@ -61,8 +61,95 @@ def test_save_replaces_atomically(trained, tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "_write_text", crash)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 2})
-    assert os.listdir(tmp_path) == ["m"]  # no temporary directory left behind
+    assert _entries(tmp_path) == ["m", "v"]  # no temporary directory left behind
     assert checkpoint.load(directory)[4] == {"run": 1}  # the previous model, whole
+
+
+def _entries(parent):
+    """The model path and its versions: "m" and "v" (one each when nothing is left over)."""
+    return sorted("v" if n.startswith(".m.v-") else n for n in os.listdir(parent))
+
+
+class _Interrupter:
+    """Raises KeyboardInterrupt at the k-th file-system step of a save (os.replace, rename,
+    fsync, symlink, mkdir), as a kill or a power cut at that instant would stop it."""
+
+    STEPS = ("replace", "rename", "fsync", "symlink", "mkdir")
+
+    def __init__(self, monkeypatch, k):
+        self.calls, self.k = 0, k
+        for name in self.STEPS:
+            monkeypatch.setattr(os, name, self._wrap(getattr(os, name)))
+
+    def _wrap(self, real):
+        def step(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.k:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+        return step
+
+
+def _legacy_dir(trained, path):
+    """A model directory as older releases wrote it: a plain directory, no link."""
+    model, src_vocab, tgt_vocab, cfg, _, _ = trained
+    real = checkpoint.save(path + "-new", model, src_vocab, tgt_vocab, cfg, {"run": 1})
+    os.replace(os.path.realpath(real), path)
+    os.remove(real)
+
+
+@pytest.mark.parametrize("layout", ["versioned", "plain directory from an older release"])
+def test_interrupted_at_every_step_the_path_is_a_complete_model(trained, tmp_path, layout):
+    model, src_vocab, tgt_vocab, cfg, _, _ = trained
+    k, completed = 0, False
+    while not completed:
+        k += 1
+        parent = tmp_path / f"k{k}"
+        parent.mkdir()
+        directory = str(parent / "m")
+        if layout == "versioned":
+            checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 1})
+        else:
+            _legacy_dir(trained, directory)
+            assert os.path.isdir(directory) and not os.path.islink(directory)
+        with pytest.MonkeyPatch.context() as mp:
+            interrupter = _Interrupter(mp, k)
+            try:
+                checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 2})
+                completed = True  # fewer than k steps: the save ran to its end
+            except KeyboardInterrupt:
+                pass
+        summary = checkpoint.load(directory)[4]  # manifest, hashes, shapes: a complete model
+        assert summary in ({"run": 1}, {"run": 2}), k
+        if completed:
+            assert summary == {"run": 2}
+            assert interrupter.calls == k - 1 and k > 20  # every step was interrupted once
+        # the next save completes and leaves only the link and its one version
+        checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 3})
+        assert json.loads((parent / "m" / "summary.json").read_text()) == {"run": 3}
+        assert _entries(parent) == ["m", "v"], (k, os.listdir(parent))
+
+
+def test_stale_leftovers_are_removed_by_the_next_save(trained, tmp_path):
+    model, src_vocab, tgt_vocab, cfg, _, _ = trained
+    directory = str(tmp_path / "m")
+    checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 1})
+    for stale in (".m.tmp-k3j_x9qa", ".m.old-0a1b2c3d", ".m.v-00000000000000aa"):
+        os.makedirs(os.path.join(tmp_path, stale, "junk"))
+    (tmp_path / ".m.tmp-1234abcd5678ef90").write_text("half a file")
+    (tmp_path / ".mm.tmp-k3j_x9qa").mkdir()  # another model's: not ours to remove
+    checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 2})
+    assert _entries(tmp_path) == [".mm.tmp-k3j_x9qa", "m", "v"]
+    assert checkpoint.load(directory)[4] == {"run": 2}
+
+
+def test_save_refuses_to_replace_a_file(trained, tmp_path):
+    model, src_vocab, tgt_vocab, cfg, _, _ = trained
+    path = tmp_path / "m"
+    path.write_text("not a model")
+    with pytest.raises(FileExistsError):
+        checkpoint.save(str(path), model, src_vocab, tgt_vocab, cfg)
+    assert path.read_text() == "not a model"
 
 
 def test_truncated_params_fail_cleanly(trained, tmp_path):

@@ -2,6 +2,7 @@
 (bad input: one line each, the rest continues), evaluating, comparing."""
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ def _stdin(monkeypatch, data):
     monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
 
 
+@pytest.mark.slow
 def test_resume_ends_with_the_same_parameters(tmp_path, capsys):
     whole, part = str(tmp_path / "whole"), str(tmp_path / "part")
     assert cli.main(TRAIN + ["--epochs", "4", "--out", whole]) == 0
@@ -42,6 +44,47 @@ def test_resume_ends_with_the_same_parameters(tmp_path, capsys):
     # a different seed is refused rather than silently mixing runs
     assert cli.main(TRAIN[:-1] + ["4", "--epochs", "5", "--out", part, "--resume"]) == 2
     assert "trained with --seed 3, not 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,fast", [([], True), (["--fast"], True), (["--imperative"], False),
+                                        (["--exact-chapter"], False),
+                                        (["--exact-chapter", "--fast"], False)])
+def test_train_path_fast_by_default_imperative_on_request_or_exact(tmp_path, capsys, flags, fast):
+    out = str(tmp_path / "m")
+    assert cli.main(TRAIN + ["--epochs", "1", "--max-pairs", "200", "--out", out] + flags) == 0
+    err = capsys.readouterr().err
+    assert ("fast graph path" if fast else "imperative path") in err
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert summary["fast"] is fast and summary["exact_chapter"] is ("--exact-chapter" in flags)
+
+
+def test_fast_and_imperative_together_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(TRAIN + ["--fast", "--imperative", "--out", str(tmp_path)])
+    assert e.value.code == 2
+
+
+def test_bug_keeps_its_traceback_user_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    """Our own bug (here a ValueError, or an OSError about a file nobody named) prints its
+    traceback and exits 3; the same OSError about the --out directory is one line."""
+    out = str(tmp_path / "m")
+    for error in (ValueError("boom"), FileNotFoundError(2, "No such file", "/nonexistent/internal")):
+        def train_model(*args, error=error, **kwargs):
+            raise error
+        monkeypatch.setattr(cli, "train_model", train_model)
+        assert cli.main(TRAIN + ["--out", out]) == cli.EXIT_BUG
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and f"{type(error).__name__}: " in err
+        assert err.strip().splitlines()[-1].startswith(f"error: unexpected {type(error).__name__}")
+
+    def unwritable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", os.path.join(tmp_path, ".m.v-0123abcd"))
+    monkeypatch.setattr(cli, "train_model", unwritable)
+    assert cli.main(TRAIN + ["--out", out]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: [Errno 13] Permission denied") and err.count("\n") == 1
+    assert cli.main(TRAIN + ["--out", out, "--epochs", "0"]) == cli.EXIT_ERROR
+    assert capsys.readouterr().err == "error: --epochs must be at least 1\n"
 
 
 def test_translate_arguments_and_heatmaps(model_dir, tmp_path, capsys):
@@ -75,7 +118,8 @@ def test_missing_model_dir_and_bad_options(tmp_path, capsys):
     assert cli.main(["translate", "--model", str(tmp_path / "nope"), "go ."]) == 2
     assert capsys.readouterr().err.strip() == f"error: model directory {tmp_path / 'nope'} does not exist"
     assert cli.main(["translate", "--model", str(tmp_path), "--beam", "0", "go ."]) == 2
-    assert cli.main(["train", "--preset", "tiny", "--ctx", "gpu:3", "--out", str(tmp_path)]) == 2
+    absent = f"gpu:{mx.context.num_gpus()}"  # one past the last GPU
+    assert cli.main(["train", "--preset", "tiny", "--ctx", absent, "--out", str(tmp_path)]) == 2
     assert cli.main(["compare", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 3
 
@@ -84,13 +128,14 @@ def test_evaluate_and_compare(model_dir, capsys):
     assert cli.main(["evaluate", "--model", model_dir, "--max-sentences", "20", "--beam", "2"]) == 0
     out = capsys.readouterr().out
     assert "[greedy] go . => " in out and "bleu " in out
-    assert "held-out: lines 201.. of fra.txt: 166929 pairs" in out
+    assert "held-out: lines 201.. of fra.txt: 166927 pairs (2 more, whose source" in out
     assert "training pairs (20 of 201): greedy:" in out and "beam 2:" in out
     assert cli.main(["compare", model_dir]) == 0
     table = capsys.readouterr().out
     assert "loss (book units)" in table and "Go ." in table
 
 
+@pytest.mark.slow
 def test_full_preset_tiny_slice(tmp_path, capsys):
     """The full preset's code path (split, buckets, smoothing, warmup) on 600 pairs."""
     out = str(tmp_path / "full")

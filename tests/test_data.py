@@ -3,10 +3,11 @@
 import zipfile
 
 import d2l
+import numpy as onp
 import pytest
 
 import d2l_transformer as d2t
-from d2l_transformer.data import DataError
+from d2l_transformer.data import BucketBatches, DataError
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,6 @@ def test_env_variable_points_at_the_data(tmp_path, monkeypatch):
 
 def test_array_batches_are_the_dataloaders_batches():
     """fast_loader=True (issue 4): the DataLoader's batches, from the same random draws."""
-    import numpy as onp
     gluon_iter = d2t.load_data_nmt(64, 10)[2]
     fast_iter = d2t.load_data_nmt(64, 10, fast_loader=True)[2]
     assert len(fast_iter) == len(gluon_iter) == 16
@@ -91,3 +91,65 @@ def test_array_batches_are_the_dataloaders_batches():
         for a, b in zip(got, expected):
             for x, y in zip(a, b):
                 assert x.dtype == y.dtype and (x.asnumpy() == y.asnumpy()).all()
+
+
+def test_preprocess_fast_equals_preprocess_nmt_on_all_of_fra_txt(text):
+    assert d2t.data.preprocess_fast(text) == d2t.preprocess_nmt(text)
+    assert d2t.data.preprocess_fast(",a.b!\u202f!") == d2t.preprocess_nmt(",a.b!\u202f!") == ",a .b ! !"
+
+
+def _pairs(n, seed=0, short=False):
+    """`n` id sentences (source, target with <bos>=2 ... <eos>=3), lengths 1..12 (2: short)."""
+    rng = onp.random.RandomState(seed)
+
+    def length():
+        return 2 if short else rng.randint(1, 13)
+    src = [list(rng.randint(4, 50, size=length())) for _ in range(n)]
+    tgt = [[2] + list(rng.randint(4, 50, size=length())) + [3] for _ in range(n)]
+    return src, tgt
+
+
+def test_bucket_batches_pad_to_their_bucket():
+    src, tgt = _pairs(203)
+    loader = BucketBatches(src, tgt, 16, 4, 1, 1)
+    assert 1 < len(loader.widths) <= 4 and loader.widths == sorted(loader.widths)
+    assert loader.widths[-1] == (12, 14)  # the longest source and target fit the last bucket
+    d2t.set_seed(0)
+    seen, shapes = [], set()
+    for X, X_vlen, Y, Y_vlen in loader:
+        shapes.add((X.shape[0], X.shape[1], Y.shape[1]))
+        assert (X.shape[1], Y.shape[1]) in loader.widths and X.dtype == onp.float32
+        for x, xl, y, yl in zip(X.asnumpy(), X_vlen.asnumpy(), Y.asnumpy(), Y_vlen.asnumpy()):
+            s, t = [int(v) for v in x[:int(xl)]], [int(v) for v in y[:int(yl)]]
+            assert (x[int(xl):] == 1).all() and (y[int(yl):] == 1).all()  # padding beyond
+            seen.append((tuple(s), tuple(t)))
+    assert sorted(seen) == sorted((tuple(s), tuple(t)) for s, t in zip(src, tgt))  # each once
+    assert shapes <= loader.shapes and len(loader.shapes) <= 2 * len(loader.widths)
+    d2t.set_seed(0)
+    again = [b[0].asnumpy() for b in loader]
+    d2t.set_seed(1)
+    other = [b[0].asnumpy() for b in loader]
+    assert len(again) == len(other) == len(loader)
+    assert any(a.shape != b.shape or (a != b).any() for a, b in zip(again, other))  # reshuffled
+
+
+def test_bucket_batches_give_every_worker_the_same_number_of_steps():
+    """Shards of SENTENCES bucketed separately can differ in batch count (a dist_sync hang);
+    the list of batches built from all pairs and dealt out cannot."""
+    long_src, long_tgt = _pairs(150, 1)
+    short_src, short_tgt = _pairs(150, 2, short=True)
+    src, tgt = long_src + short_src, long_tgt + short_tgt
+    by_halves = [len(BucketBatches(s, t, 8, 6, 1, 1)) for s, t in ((long_src, long_tgt),
+                                                                    (short_src, short_tgt))]
+    assert by_halves[0] != by_halves[1]  # what sentence shards of different lengths would do
+    workers = [BucketBatches(src, tgt, 8, 6, 1, 1, rank=r, num_workers=3) for r in range(3)]
+    assert len({len(w) for w in workers}) == 1 and len(workers[0]) == workers[0].num_batches // 3
+    batches = []
+    for w in workers:
+        d2t.set_seed(5)  # the workers seed alike (the CLI's --seed)
+        got = [tuple(map(tuple, b[0].asnumpy().tolist())) for b in w]
+        assert len(got) == len(w)
+        batches.extend(got)
+    assert len(set(batches)) == len(batches)  # no batch on two workers
+    with pytest.raises(ValueError, match="rank 3 is not in 0..2"):
+        BucketBatches(src, tgt, 8, 6, 1, 1, rank=3, num_workers=3)

@@ -45,7 +45,8 @@ def _max_diff(a, b, ctx_a=TWO[0], ctx_b=TWO[0]):
 def test_parse_ctx_list():
     assert d2t.parse_ctx_list("cpu:0, cpu:1") == TWO
     assert d2t.parse_ctx_list("cpu") == [mx.cpu(0)]
-    for bad in ("cpu:0,cpu", "cpu,", "cpu:0;cpu:1", "gpu:0,gpu:1"):  # no GPU on this machine
+    absent = f"gpu:{mx.context.num_gpus()}"  # one past the last GPU (gpu:0 without any)
+    for bad in ("cpu:0,cpu", "cpu,", "cpu:0;cpu:1", f"cpu:0,{absent}"):
         with pytest.raises(ValueError):
             d2t.parse_ctx_list(bad)
 
@@ -143,6 +144,29 @@ def test_dist_sync_loopback(tmp_path):
     for k in params[0]:
         onp.testing.assert_array_equal(params[0][k], params[1][k])  # identical workers
         onp.testing.assert_array_equal(params[0][k], params[2][k])  # lr 0: no update
+
+
+@pytest.mark.slow
+def test_dist_sync_bucketed_cannot_hang(tmp_path):
+    """2 workers on `BucketBatches`: the list of batches of all pairs is dealt out, so both run
+    the same number of steps although their batches have different lengths at the same step;
+    the job ends (bounded by the launcher's timeout) with identical parameters."""
+    out = _Lines()
+    code = launch([sys.executable, str(ROOT / "tests" / "dist_worker.py"), str(tmp_path), "2",
+                   "bucketed"], num_workers=2, num_servers=1, timeout=300, stream=out)
+    assert code == 0, str(out)[-3000:]  # 124 if a worker had waited for a missing step
+    runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert runs[0]["batches"] == runs[1]["batches"] == runs[0]["all_batches"] // 2
+    assert len(runs[0]["shapes"]) == len(runs[1]["shapes"]) == 2 * runs[0]["batches"]
+    widths = [[tuple(s[1:]) for s in r["shapes"]] for r in runs]
+    assert widths[0] != widths[1] and len(set(widths[0])) > 1  # different lengths, step by step
+    assert runs[0]["losses"] == runs[1]["losses"] and runs[0]["losses"][1] < runs[0]["losses"][0]
+    mx.npx.set_np()
+    params = [{k: v.asnumpy() for k, v in mx.npx.load(str(tmp_path / f"rank{r}.params")).items()}
+              for r in range(2)]
+    assert params[0].keys() == params[1].keys()
+    for k in params[0]:
+        onp.testing.assert_array_equal(params[0][k], params[1][k])
 
 
 def _sleeper(marker, fail_task=None):

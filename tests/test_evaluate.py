@@ -1,14 +1,16 @@
-"""BLEU: d2l's per-sentence definition, corpus BLEU through sacrebleu; the held-out split."""
+"""Scores: d2l's per-sentence BLEU, sacreBLEU's corpus BLEU and chrF with their signatures, files
+scored from the command line; the chapter's held-out set."""
 
 import collections
+import json
 import math
-from unittest import mock
 
 import pytest
+import sacrebleu
 
 import d2l_transformer as d2t
 from d2l_transformer import evaluate
-from d2l_transformer.data import heldout_nmt, split_pairs
+from d2l_transformer.data import heldout_nmt, source_overlap, split_pairs
 
 
 def d2l_bleu(pred_seq, label_seq, k):  # d2l-en chapter_recurrent-modern/seq2seq.md, verbatim
@@ -47,19 +49,62 @@ def test_bleu_short_prediction_is_zero_where_d2l_divides_by_zero():
     assert evaluate.bleu("va", "va !", 2) == 0.0
 
 
-def test_corpus_bleu_goes_through_sacrebleu():
-    hyps, refs = ["il est calme .", "va !"], ["il est calme .", "va !"]
-    assert evaluate.corpus_bleu(hyps, refs).score == pytest.approx(100.0)
-    with mock.patch("sacrebleu.corpus_bleu", wraps=evaluate.sacrebleu.corpus_bleu) as spy:
-        score = evaluate.corpus_bleu(["il est très calme ."], ["il est très calme !"])
-    spy.assert_called_once_with(["il est très calme ."], [["il est très calme !"]], tokenize="none",
-                                force=True)
-    # p1..p4 = 4/5, 3/4, 2/3, 1/2 and BP 1: BLEU = 100 * (1/5) ** (1/4)
-    assert score.score == pytest.approx(100 * 0.2 ** 0.25, abs=1e-9)
-    # "none" keeps "l'ai" one token; 13a would split it and change the count
-    assert evaluate.corpus_bleu(["je l'ai ."], ["je l'ai ."]).sys_len == 3
+def test_corpus_scores_are_sacrebleus_defaults():
+    """13a tokenization of detokenized text, the signature beside the score, chrF beside BLEU."""
+    hyps, refs = ["Il est calme.", "Va !"], ["Il est calme.", "Va !"]
+    result = evaluate.score(hyps, refs)
+    assert result["bleu"] == pytest.approx(100.0) and result["chrf"] == pytest.approx(100.0)
+    assert result["bleu_signature"] == \
+        f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
+    assert result["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|")
+    # 13a splits the punctuation off: p1..p4 = 4/5, 3/4, 2/3, 1/2 and BP 1
+    one = evaluate.score(["Il est très calme."], ["Il est très calme!"])
+    assert one["bleu"] == pytest.approx(100 * 0.2 ** 0.25, abs=1e-9)
+    assert (one["sys_len"], one["ref_len"]) == (5, 5)
+    assert evaluate.corpus_bleu(["Il est très calme."], ["Il est très calme!"]).score == one["bleu"]
+    # detokenized and d2l-tokenized output score alike under 13a: the spaces do not count
+    assert evaluate.score(["il est calme ."], ["Il est calme."], lowercase=True)["bleu"] == pytest.approx(100)
     with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
-        evaluate.corpus_bleu(["a"], ["a", "b"])
+        evaluate.score(["a"], ["a", "b"])
+    with pytest.raises(ValueError, match="nothing to score"):
+        evaluate.score([], [])
+
+
+def test_lowercase_is_in_the_signature():
+    cased = evaluate.score(["il est calme."], ["Il est calme."])
+    lower = evaluate.score(["il est calme."], ["Il est calme."], lowercase=True)
+    assert "|case:mixed|" in cased["bleu_signature"] and "|case:lc|" in lower["bleu_signature"]
+    assert "|case:lc|" in lower["chrf_signature"]
+    assert lower["bleu"] == pytest.approx(100) and cased["bleu"] < 100 and lower["chrf"] > cased["chrf"]
+
+
+def test_score_files_and_the_cli(tmp_path, capsys):
+    """`d2l-transformer evaluate --hyp FILE --ref FILE`: the same numbers, no model needed."""
+    from d2l_transformer import cli
+    hyp, ref, out = tmp_path / "hyp.txt", tmp_path / "ref.txt", tmp_path / "scores.json"
+    hyp.write_text("Il est calme.\nVa !\nJe suis chez moi.\n", encoding="utf-8")
+    ref.write_text("Il est très calme.\nVa !\nJe suis à la maison.\n", encoding="utf-8")
+    expected = evaluate.score(["Il est calme.", "Va !", "Je suis chez moi."],
+                              ["Il est très calme.", "Va !", "Je suis à la maison."])
+    assert evaluate.score_files(str(hyp), str(ref)) == expected
+    assert cli.main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{evaluate.format_score(expected)}  (3 sentences)"
+    assert lines[1] == f"BLEU signature: {expected['bleu_signature']}"
+    assert lines[2] == f"chrF signature: {expected['chrf_signature']}"
+    saved = json.loads(out.read_text(encoding="utf-8"))
+    assert saved["bleu"] == expected["bleu"] and saved["chrf_signature"] == expected["chrf_signature"]
+    assert cli.main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--lowercase"]) == 0
+    assert "case:lc" in capsys.readouterr().out
+    short = tmp_path / "short.txt"
+    short.write_text("Va !\n", encoding="utf-8")
+    for argv, message in ((["--hyp", str(short), "--ref", str(ref)], "has 1 lines but"),
+                          (["--hyp", str(tmp_path / "nope"), "--ref", str(ref)], "file not found"),
+                          (["--hyp", str(hyp)], "--hyp and --ref go together"),
+                          ([], "evaluate needs --model DIR, or --hyp FILE --ref FILE")):
+        assert cli.main(["evaluate"] + argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1
 
 
 def test_heldout_split_counts(nmt):
@@ -67,6 +112,9 @@ def test_heldout_split_counts(nmt):
     held = heldout_nmt(src_vocab, tgt_vocab, 1000)
     src, tgt = held["unfiltered"]
     assert len(src) == len(tgt) == 166129  # 167130 pairs - the chapter's 1001
+    assert held["excluded"] == 0  # fra.txt keeps a sentence's translations together
+    assert source_overlap(src, d2t.data.read_pairs(num_examples=1000).source) == 0
+    assert (held["unfiltered_text"][0][0], held["unfiltered_text"][1][0]) == ("Who knows?", "Qui sait ?")
     assert (src[0], tgt[0]) == (["who", "knows?"], ["qui", "sait", "?"])  # line 1001
     fsrc, ftgt = held["in_vocab"]
     assert len(fsrc) == 146

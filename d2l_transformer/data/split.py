@@ -1,4 +1,13 @@
-"""Held-out data: the lines after the chapter's pairs, and train/valid/test splits of a corpus."""
+"""Held-out data that is held out: splits by SOURCE SENTENCE, not by pair.
+
+fra.txt has 167,130 pairs but only ~117k distinct English sentences: one sentence often comes
+with several French translations. A split of pairs puts the same sentence in the training and
+the test part (half of a 2,000-pair random test set), so the test would measure memory, not
+translation. Here every pair whose normalised source is the same lands in the same part, and
+`source_overlap` counts what a test part shares with training (0 for these splits).
+"""
+
+import collections
 
 import numpy as onp
 
@@ -7,64 +16,179 @@ from .text import (
     RESERVED_TOKENS,
     Vocab,
     build_array,
-    preprocess_nmt,
+    preprocess_fast,
     read_data_nmt,
-    tokenize_nmt,
     tokenize_nmt_lines,
 )
+from .tokenize import TOKENIZERS, SubwordTokenizer, TokenizerError, WordTokenizer
+
+Pairs = collections.namedtuple("Pairs", ["source", "target"])
+Split = collections.namedtuple("Split", ["train", "valid", "test"])
+SplitData = collections.namedtuple("SplitData", ["src_vocab", "tgt_vocab", "train_iter", "valid",
+                                                 "test", "tokenizer"])
+
+
+def normalize_source(sentence):
+    """The key that decides "same source sentence": d2l's preprocessing (lower case, a space
+    before ``, . !``) with whitespace collapsed. `sentence`: text, or d2l tokens."""
+    if not isinstance(sentence, str):
+        return " ".join(" ".join(sentence).split())  # already preprocessed tokens
+    return " ".join(preprocess_fast(sentence).split())
+
+
+def clean_text(text):
+    """A sentence as it is kept: non-breaking spaces (French ``Va\\u202f!``) made plain, and
+    whitespace collapsed; case and punctuation untouched."""
+    return " ".join(text.replace("\u202f", " ").replace("\xa0", " ").split())
+
+
+def _pairs_of(text, start=0, stop=None):
+    source, target = [], []
+    for i, line in enumerate(text.split("\n")):
+        if stop is not None and i >= stop:
+            break
+        parts = line.split("\t")
+        if i >= start and len(parts) == 2:  # the lines `tokenize_nmt_lines` keeps
+            source.append(clean_text(parts[0]))
+            target.append(clean_text(parts[1]))
+    return Pairs(source, target)
+
+
+def read_pairs(path=None, num_examples=None, start=0):
+    """The sentence pairs of fra.txt as cleaned text (`clean_text`): ``Pairs(source, target)``
+    of the lines ``start .. num_examples`` (to the end when None), numbered as `tokenize_nmt`
+    numbers them."""
+    return _pairs_of(read_data_nmt(path), start, None if num_examples is None else num_examples + 1)
+
+
+def source_overlap(sources, train_sources):
+    """How many of `sources` (text or d2l tokens) also occur, normalised, among
+    `train_sources`: the test pairs a model may have memorised rather than translated."""
+    seen = {normalize_source(s) for s in train_sources}
+    return sum(normalize_source(s) in seen for s in sources)
 
 
 def heldout_nmt(src_vocab, tgt_vocab, num_examples=1000, num_heldout=None, path=None):
-    """Pairs the chapter run never trains on: lines ``num_examples + 1 ...`` of fra.txt.
+    """Pairs the chapter run never trains on: lines after its ``num_examples + 1`` pairs whose
+    source sentence is not among the training pairs' sources (``Go.`` has more translations
+    further down; those are left out).
 
-    Returns ``{"unfiltered": (source, target), "in_vocab": (source, target)}`` for the next
-    `num_heldout` lines (``None``: all the rest); ``in_vocab`` keeps the pairs whose every
-    source and target token is in the vocabularies (a fair test of a small-vocabulary model).
-    The split is a fixed range of lines, so it is the same on every machine and every run.
+    Returns ``{"unfiltered": (source, target), "in_vocab": (source, target), "excluded": n}``
+    with d2l's tokens, plus ``"unfiltered_text"`` and ``"in_vocab_text"``: the same pairs as
+    cleaned text (`read_pairs`), the references for sacreBLEU. ``num_heldout``: at most this
+    many pairs (None: all). ``in_vocab`` keeps the pairs whose every source and target token is
+    in the vocabularies (a fair test of a small-vocabulary model). The same on every machine.
     """
-    text = preprocess_nmt(read_data_nmt(path))
+    text = read_data_nmt(path)
+    pre = preprocess_fast(text)  # = preprocess_nmt(text)
     start = num_examples + 1  # the chapter keeps lines 0..num_examples
-    stop = None if num_heldout is None else start + num_heldout
-    source, target = tokenize_nmt_lines(text, start, stop)
-    keep = [i for i in range(len(source))
-            if src_vocab.unk not in src_vocab[source[i]] and tgt_vocab.unk not in tgt_vocab[target[i]]]
-    return {"unfiltered": (source, target),
-            "in_vocab": ([source[i] for i in keep], [target[i] for i in keep])}
+    train_src, _ = tokenize_nmt_lines(pre, 0, start)
+    seen = {normalize_source(s) for s in train_src}
+    tok_src, tok_tgt = tokenize_nmt_lines(pre, start)
+    raw = _pairs_of(text, start)
+    keep = [i for i in range(len(tok_src)) if normalize_source(tok_src[i]) not in seen]
+    excluded = len(tok_src) - len(keep)
+    keep = keep[:num_heldout] if num_heldout is not None else keep
+    in_vocab = [i for i in keep if src_vocab.unk not in src_vocab[tok_src[i]]
+                and tgt_vocab.unk not in tgt_vocab[tok_tgt[i]]]
+
+    def pick(lists, idx):
+        return tuple([lst[i] for i in idx] for lst in lists)
+    return {"unfiltered": pick((tok_src, tok_tgt), keep), "in_vocab": pick((tok_src, tok_tgt), in_vocab),
+            "unfiltered_text": pick(raw, keep), "in_vocab_text": pick(raw, in_vocab),
+            "excluded": excluded}
 
 
 def split_pairs(source, target, num_valid, num_test, seed=0):
-    """A deterministic random (train, valid, test) split of parallel lists (a fixed-seed
-    permutation, independent of the global RNGs). Each part is ``(source, target)``."""
+    """A deterministic random ``(train, valid, test)`` split that keeps every source sentence
+    in one part: the pairs are grouped by `normalize_source`, the groups taken in a fixed-seed
+    random order (independent of the global RNGs), and a group goes to valid while it fits in
+    `num_valid` pairs, else to test while it fits in `num_test`, else to train. Each part is
+    ``Pairs(source, target)`` (exactly `num_valid` / `num_test` pairs when enough single-pair
+    groups remain, as in fra.txt)."""
+    groups = collections.defaultdict(list)
+    for i, s in enumerate(source):
+        groups[normalize_source(s)].append(i)
+    members = list(groups.values())  # in order of first occurrence: deterministic
+    parts = ([], [], [])  # valid, test, train
+    for g in onp.random.RandomState(seed).permutation(len(members)):
+        idx = members[g]
+        if len(parts[0]) + len(idx) <= num_valid:
+            parts[0].extend(idx)
+        elif len(parts[1]) + len(idx) <= num_test:
+            parts[1].extend(idx)
+        else:
+            parts[2].extend(idx)
+    valid, test, train = (Pairs([source[i] for i in idx], [target[i] for i in idx]) for idx in parts)
+    return Split(train, valid, test)
+
+
+def split_by_pair(source, target, num_valid, num_test, seed=0):
+    """A fixed-seed random permutation of the PAIRS cut into ``(train, valid, test)``: how the
+    full presets were split before `split_pairs`. It leaks (a source sentence can be in two
+    parts); kept to evaluate model directories trained on it honestly."""
     order = onp.random.RandomState(seed).permutation(len(source))
     parts = (order[num_valid + num_test:], order[:num_valid], order[num_valid:num_valid + num_test])
-    return tuple(([source[i] for i in idx], [target[i] for i in idx]) for idx in parts)
+    return Split(*(Pairs([source[i] for i in idx], [target[i] for i in idx]) for idx in parts))
 
 
 SPLIT_SEED = 0  # the valid/test split is the same for every run, whatever its --seed
+SPLITS = {"source": split_pairs, "pair": split_by_pair}
+
+
+def split_corpus(num_examples=None, num_valid=0, num_test=0, path=None, by="source"):
+    """`Split` of the first ``num_examples + 1`` pairs of fra.txt (all when None), as cleaned
+    text; valid and test get at most a tenth of the pairs each. ``by``: "source" (`split_pairs`)
+    or "pair" (`split_by_pair`, for model directories trained on it)."""
+    if by not in SPLITS:
+        raise ValueError(f"unknown split {by!r}: use one of {', '.join(SPLITS)}")
+    pairs = read_pairs(path, num_examples)
+    n = len(pairs.source)
+    return SPLITS[by](pairs.source, pairs.target, min(num_valid, n // 10), min(num_test, n // 10),
+                      SPLIT_SEED)
+
+
+def make_tokenizer(kind, train, vocab_size):
+    """A tokenizer of `kind` ("word" or "subword"), subwords trained on the `train` Pairs."""
+    if kind == "word":
+        return WordTokenizer()
+    if kind == "subword":
+        if vocab_size < 1:
+            raise TokenizerError("the subword tokenizer needs vocab_size >= 1")
+        return SubwordTokenizer.train(train.source, train.target, vocab_size)
+    raise TokenizerError(f"unknown tokenizer {kind!r}: use one of {', '.join(TOKENIZERS)}")
 
 
 def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
-                    num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1):
-    """`load_data_nmt` with a held-out split and optional bucketing, for corpora beyond the
-    chapter's 1001 pairs: ``(src_vocab, tgt_vocab, train_iter, valid, test)``.
+                    num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1,
+                    tokenizer="word", vocab_size=0, split_by="source"):
+    """`load_data_nmt` with a held-out split (`split_corpus`) and optional bucketing, for
+    corpora beyond the chapter's 1001 pairs: a `SplitData` ``(src_vocab, tgt_vocab,
+    train_iter, valid, test, tokenizer)``; valid and test are `Pairs` of text.
 
-    The first ``num_examples + 1`` pairs (all when None) are split at random, with a fixed seed,
-    into train / `num_valid` / `num_test` pairs; the vocabularies see only the training part.
-    valid and test are ``(source tokens, target tokens)``. ``rank``/``num_workers``: as in
-    `load_data_nmt`, only the training batches are this worker's shard.
+    ``tokenizer``: "word" (d2l's lower-cased words, vocabularies of the training part with
+    `min_freq`), "subword" (sentencepiece models of `vocab_size` pieces trained on the training
+    part; the vocabularies are its pieces), or a tokenizer object (one loaded from a model
+    directory, to resume). ``num_buckets > 0``: `BucketBatches`, whose list of batches is
+    sharded between ``num_workers`` workers; else the chapter's padded arrays, whose
+    sentences are sharded (`shard`). ``split_by``: see `split_corpus`.
     """
-    text = preprocess_nmt(read_data_nmt(path))
-    source, target = tokenize_nmt(text, num_examples)
-    num_valid, num_test = min(num_valid, len(source) // 10), min(num_test, len(source) // 10)
-    train, valid, test = split_pairs(source, target, num_valid, num_test, SPLIT_SEED)
-    src_vocab = Vocab(train[0], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
-    tgt_vocab = Vocab(train[1], min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
-    if num_workers > 1:
-        train = (shard(train[0], rank, num_workers), shard(train[1], rank, num_workers))
-    if num_buckets:
-        train_iter = load_bucketed(*train, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets)
+    train, valid, test = split_corpus(num_examples, num_valid, num_test, path, split_by)
+    tok = make_tokenizer(tokenizer, train, vocab_size) if isinstance(tokenizer, str) else tokenizer
+    source = [tok.encode(s) for s in train.source]
+    target = [tok.encode_target(t) for t in train.target]
+    if tok.kind == "subword":
+        src_vocab, tgt_vocab = tok.src_vocab(), tok.tgt_vocab()
     else:
-        src_array, src_valid_len = build_array(train[0], src_vocab, num_steps, True)
-        tgt_array, tgt_valid_len = build_array(train[1], tgt_vocab, num_steps, False)
+        src_vocab = Vocab(source, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+        tgt_vocab = Vocab(target, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    if num_buckets:
+        train_iter = load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps,
+                                   num_buckets, rank=rank, num_workers=num_workers)
+    else:
+        if num_workers > 1:
+            source, target = shard(source, rank, num_workers), shard(target, rank, num_workers)
+        src_array, src_valid_len = build_array(source, src_vocab, num_steps, True)
+        tgt_array, tgt_valid_len = build_array(target, tgt_vocab, num_steps, False)
         train_iter = load_array((src_array, src_valid_len, tgt_array, tgt_valid_len), batch_size)
-    return src_vocab, tgt_vocab, train_iter, valid, test
+    return SplitData(src_vocab, tgt_vocab, train_iter, valid, test, tok)

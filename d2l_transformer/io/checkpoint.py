@@ -8,26 +8,31 @@ A model directory holds::
     config.json        the TransformerConfig (`TransformerConfig.to_json`)
     summary.json       the training summary (loss, tokens/s, epochs done, ...)
     trainer.states     optional: the Adam moments and update count, to resume training
+    spm_src.model      subword presets: the sentencepiece models (`data.tokenize`)
+    spm_tgt.model
     manifest.json      size and SHA-256 of every file above
 
-The whole directory is first written into a temporary sibling directory (each file through a
-temporary name and ``os.replace``) and then renamed into place, so an interrupted save leaves the
-previous model (or nothing), never half a model. Loading checks the manifest, then the shapes of
-the parameters against the model the config and vocabularies build; any mismatch is one line.
+Saving is atomic and durable (`atomic.write_dir`): every file is fsynced into a new versioned
+sibling directory, and the model path, a symbolic link, is switched to it with one rename, so
+the path always names a complete model, the previous one or the new one, even if the save is
+interrupted; leftovers of an interrupted save are removed by the next one. Loading checks the
+manifest, then the shapes of the parameters against the model the config and vocabularies
+build; any mismatch is one line.
 """
 
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 
 import mxnet as mx
 from mxnet import init, np
 
 from ..config import TransformerConfig
 from ..data import Vocab
+from ..data.tokenize import TokenizerError
+from ..data.tokenize import load_tokenizer as _load_tokenizer
 from ..model import build_model
+from . import atomic
 
 PARAMS, SRC_VOCAB, TGT_VOCAB = "params.params", "src_vocab.json", "tgt_vocab.json"
 CONFIG, SUMMARY, TRAINER, MANIFEST = "config.json", "summary.json", "trainer.states", "manifest.json"
@@ -46,27 +51,26 @@ def _sha256(path):
 
 
 def _write(path, write):
-    """``write(tmp_path)``, then ``os.replace`` onto `path`: the file appears whole or not at all."""
-    tmp = path + ".tmp"
-    write(tmp)
-    os.replace(tmp, path)
+    """``write(tmp_path)``, fsynced and renamed onto `path`: the file appears whole or not at all."""
+    atomic.write_file(path, write)
+
+
+def _write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def _write_text(path, text):
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-    _write(path, write)
+    atomic.write_text(path, text)
 
 
-def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None):
-    """Write the model directory `directory` atomically (replacing an existing one)."""
-    directory = os.path.abspath(directory)
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix="." + os.path.basename(directory) + ".tmp-", dir=parent)
-    try:
+def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None, tokenizer=None):
+    """Write the model directory `directory` atomically (replacing an existing one).
+    ``tokenizer``: its files (the sentencepiece models of a subword tokenizer) are kept too."""
+    def fill(tmp_dir):
         _write(os.path.join(tmp_dir, PARAMS), model.save_parameters)
+        for name, data in (tokenizer.files() if tokenizer is not None else {}).items():
+            _write(os.path.join(tmp_dir, name), lambda tmp, data=data: _write_bytes(tmp, data))
         for name, vocab in ((SRC_VOCAB, src_vocab), (TGT_VOCAB, tgt_vocab)):
             _write_text(os.path.join(tmp_dir, name), json.dumps(vocab.to_dict(), ensure_ascii=False))
         _write_text(os.path.join(tmp_dir, CONFIG), cfg.to_json())
@@ -78,18 +82,7 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
                            "sha256": _sha256(os.path.join(tmp_dir, name))}
                     for name in sorted(os.listdir(tmp_dir))}
         _write_text(os.path.join(tmp_dir, MANIFEST), json.dumps(manifest, indent=2))
-        old = None
-        if os.path.exists(directory):  # move the old one aside, put the new one in, drop the old
-            old = tempfile.mkdtemp(prefix="." + os.path.basename(directory) + ".old-", dir=parent)
-            os.rmdir(old)
-            os.replace(directory, old)
-        os.replace(tmp_dir, directory)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    return directory
+    return atomic.write_dir(directory, fill)
 
 
 def _read_json(directory, name):
@@ -124,7 +117,7 @@ def _built_shapes(model, ctxs):
 
 def load_config(directory):
     """The TransformerConfig saved in a model directory (CheckpointError if unreadable)."""
-    directory = os.path.abspath(directory)
+    directory = atomic.resolve_dir(directory)
     if not os.path.isdir(directory):
         raise CheckpointError(f"model directory {directory} does not exist")
     try:
@@ -143,7 +136,7 @@ def load(directory, ctx=None):
     ``ctx``: a context or a list of them (the parameters are loaded onto each).
     """
     ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx or mx.cpu()]
-    directory = os.path.abspath(directory)
+    directory = atomic.resolve_dir(directory)
     if not os.path.isdir(directory):
         raise CheckpointError(f"model directory {directory} does not exist")
     _check_manifest(directory)
@@ -176,11 +169,28 @@ def load(directory, ctx=None):
     return model, src_vocab, tgt_vocab, cfg, summary
 
 
+def load_tokenizer(directory, cfg=None):
+    """The tokenizer the model in `directory` was trained with (`data.load_tokenizer`), checked
+    against its vocabularies; CheckpointError (one line) when it is missing or does not fit."""
+    directory = atomic.resolve_dir(directory)
+    cfg = cfg or load_config(directory)
+    try:
+        tok = _load_tokenizer(directory, cfg)
+    except TokenizerError as e:
+        raise CheckpointError(f"model directory {directory}: {e}") from None
+    if tok.kind == "subword":
+        for name, vocab in ((SRC_VOCAB, tok.src_vocab()), (TGT_VOCAB, tok.tgt_vocab())):
+            if _read_json(directory, name).get("idx_to_token") != vocab.idx_to_token:
+                raise CheckpointError(f"model directory {directory}: {name} is not the vocabulary "
+                                      "of its sentencepiece model")
+    return tok
+
+
 def load_trainer_states(directory, trainer):
     """Give `trainer` the Adam moments and update count saved with the model, if any.
 
     Returns True when the directory had trainer states."""
-    path = os.path.join(os.path.abspath(directory), TRAINER)
+    path = os.path.join(atomic.resolve_dir(directory), TRAINER)
     if not os.path.exists(path):
         return False
     trainer.load_states(path)

@@ -7,7 +7,12 @@ so `layer_norm.cc` here adds two operators with one pass over the rows, forward 
 ``d2t_layer_norm`` (LayerNorm over the last axis) and ``d2t_add_layer_norm`` (LayerNorm of a
 sum, the chapter's post-norm AddNorm in one operator); `attention.cc` adds ``d2t_attention``:
 the multi-head attention core (split heads, scores / sqrt(d), d2l's masked softmax, weighted
-sum, merge heads — 12 MXNet operators and their backward passes) reading the heads in place.
+sum, merge heads — 12 MXNet operators and their backward passes) reading the heads in place;
+`softmax_ce.cc` adds ``d2t_softmax_ce``: the masked (label-smoothed) softmax cross-entropy,
+whose MXNet form (log_softmax, pick, mean over the vocabulary) took half of a `full`-preset
+step. Dropout inside the kernels (d2l 9.1's on the attention weights, 9.3.3's AddNorm on the
+sublayer's output): MXNet's Dropout distribution, drawn from MXNet's seeded random states when
+MXNet is training (`training_flag`), the mask kept for the backward pass.
 Same functions, same parameters; values equal MXNet's to float32 rounding
 (tests/test_kernels.py).
 
@@ -31,9 +36,16 @@ import warnings
 
 import mxnet as mx
 
+from ..io import atomic
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, name) for name in ("layer_norm.cc", "attention.cc")]
+SOURCES = [os.path.join(HERE, name) for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc")]
 HEADERS = [os.path.join(HERE, "common.h")]
+# -fno-trapping-math: no FP exception is ever read, so float selects and compares may be
+# vectorized (the softmax loops); it changes no value. -fopenmp (MXNet's own libgomp) when the
+# compiler has it: the kernels share their rows/heads between threads; without it, one thread.
+FLAGS = ["-O3", "-std=c++14", "-fno-trapping-math", "-shared", "-fPIC"]
+OPENMP = ["-fopenmp"]
 _state = {"loaded": None, "active": 0}  # loaded: None = not tried, True/False = the outcome
 
 
@@ -43,7 +55,7 @@ def _mxnet_dir():
 
 def library_path():
     """Where the compiled library for this source and this MXNet install lives."""
-    key = hashlib.sha1(mx.__version__.encode() + _mxnet_dir().encode())
+    key = hashlib.sha1(mx.__version__.encode() + _mxnet_dir().encode() + " ".join(FLAGS).encode())
     for source in SOURCES + HEADERS:
         with open(source, "rb") as f:
             key.update(f.read())
@@ -62,8 +74,9 @@ def library_path():
 def build(force=False):
     """Compile `SOURCES` with MXNet's ``lib_api.cc`` into one library; returns its path.
 
-    Written to a temporary file and renamed, so that processes building at once (several
-    workers) never load a half-written library. Raises RuntimeError with the compiler's message.
+    Written atomically (`io.atomic.write_file`: temporary name, fsync, rename), so that processes
+    building at once (several workers) never load a half-written library.
+    Raises RuntimeError with the compiler's message.
     """
     path = library_path()
     if os.path.exists(path) and not force:
@@ -76,19 +89,17 @@ def build(force=False):
     if not cxx:
         raise RuntimeError("no C++ compiler (c++, g++ or $CXX)")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
-    os.close(fd)
-    cmd = [cxx, "-O3", "-std=c++14", "-shared", "-fPIC", *SOURCES, lib_api,
-           "-I" + os.path.join(mxdir, "include"), "-o", tmp]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if proc.returncode:
-            errors = [line for line in proc.stderr.splitlines() if "error" in line]
-            raise RuntimeError(f"{cxx} failed: {(errors or proc.stderr.splitlines() or [''])[0]}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    def compile_to(tmp):
+        for extra in (OPENMP, []):  # with OpenMP, else without
+            cmd = [cxx, *FLAGS, *extra, *SOURCES, lib_api,
+                   "-I" + os.path.join(mxdir, "include"), "-o", tmp]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if not proc.returncode:
+                return
+        errors = [line for line in proc.stderr.splitlines() if "error" in line]
+        raise RuntimeError(f"{cxx} failed: {(errors or proc.stderr.splitlines() or [''])[0]}")
+    atomic.write_file(path, compile_to)
     return path
 
 
@@ -107,8 +118,8 @@ def load():
             return False  # not recorded: the variable is read again next time
         try:
             mx.library.load(build(), verbose=False)
-            _state["loaded"] = hasattr(mx.sym, "d2t_add_layer_norm") and hasattr(
-                mx.sym, "d2t_attention_masked")
+            _state["loaded"] = all(hasattr(mx.sym, op) for op in (
+                "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
                           "using MXNet's operators (same numbers, slower)", stacklevel=2)
@@ -134,27 +145,60 @@ def active():
     return _state["active"] > 0
 
 
-def layer_norm(F, data, residual, gamma, beta, eps):
+def layer_norm(F, data, residual, gamma, beta, eps, dropout=0.0):
     """``LayerNorm(data + residual)`` (or of `data` alone) over the last axis, in a graph.
 
-    F: the graph's operator module (``mx.sym``); numpy symbols in and out."""
+    F: the graph's operator module (``mx.sym``); numpy symbols in and out. ``dropout`` p > 0
+    (with a residual): ``LayerNorm(Dropout(data) + residual)``, AddNorm's dropout drawn inside
+    the operator when MXNet is training (`training_flag`), MXNet's Dropout distribution."""
     nd = [x.as_nd_ndarray() for x in (data, residual, gamma, beta) if x is not None]
-    op = F.d2t_layer_norm if residual is None else F.d2t_add_layer_norm
-    return op(*nd, eps=eps).as_np_ndarray()
+    if residual is None:
+        return F.d2t_layer_norm(*nd, eps=eps).as_np_ndarray()
+    if dropout > 0:
+        out = F.d2t_add_layer_norm(*nd, training_flag(F).as_nd_ndarray(), eps=eps,
+                                   dropout=repr(float(dropout)))
+        return out[0].as_np_ndarray()  # out[1]: the keep mask the backward pass reads
+    return F.d2t_add_layer_norm(*nd, eps=eps).as_np_ndarray()
 
 
-def attention(F, query, key, value, valid_length, num_heads, causal, scale):
+def attention(F, query, key, value, valid_length, num_heads, causal, scale, dropout=0.0):
     """The chapter's multi-head attention core, from projected queries/keys/values to the
     concatenated heads, in one operator (`attention.cc`), in a graph.
 
     query: (batch, Tq, hidden); key, value: (batch, Tk, hidden); valid_length: None, (batch,)
     or (batch, Tq) per example (not repeated per head). Returns (batch, Tq, hidden): what
     ``transpose_output(attention(transpose_qkv(...)))`` returns, with the scores divided by
-    `scale` (sqrt(d)) and d2l's masked softmax (``causal``: keys after each query hidden)."""
+    `scale` (sqrt(d)) and d2l's masked softmax (``causal``: keys after each query hidden).
+    ``dropout`` p > 0: the weights' dropout (d2l 9.1), drawn inside the operator when MXNet is
+    training; the graph tells the operator whether it is by a one-element MXNet Dropout
+    (identity at inference, 0 or 2 in training), so a graph traced once serves both modes."""
     nd = [query.as_nd_ndarray(), key.as_nd_ndarray(), value.as_nd_ndarray()]
     attrs = {"num_heads": num_heads, "causal": int(bool(causal)), "scale": repr(float(scale))}
-    if valid_length is None:
-        return F.d2t_attention(*nd, **attrs).as_np_ndarray()
-    length = valid_length.astype("float32").as_nd_ndarray()  # (batch,) or (batch, Tq)
-    return F.d2t_attention_masked(*nd, length, **attrs).as_np_ndarray()
+    if valid_length is not None:
+        nd.append(valid_length.astype("float32").as_nd_ndarray())  # (batch,) or (batch, Tq)
+    if dropout > 0:
+        attrs["dropout"] = repr(float(dropout))
+        nd.append(training_flag(F).as_nd_ndarray())  # (1,)
+    op = F.d2t_attention if valid_length is None else F.d2t_attention_masked
+    out = op(*nd, **attrs)
+    return (out[0] if dropout > 0 else out).as_np_ndarray()  # (batch, Tq, hidden)
 
+
+def training_flag(F):
+    """(1,) in a graph: 1 while MXNet is training (``autograd.record()``, ``train_mode()``), 0
+    otherwise, read at run time: |Dropout(1, p=0.5) - 1|, whose draw is 0 or 2 in training
+    and which is the identity at inference."""
+    one = F.np.ones((1,))
+    return F.np.abs(F.npx.dropout(one, p=0.5) - 1)
+
+
+def softmax_ce(F, pred, label, valid_length, smoothing=0.0, per_token=False):
+    """`training.loss.MaskedSoftmaxCELoss` in one operator (`softmax_ce.cc`), in a graph.
+
+    pred: (batch, T, vocab) logits; label: (batch, T); valid_length: (batch,). Returns the
+    (batch,) loss: each sentence's cross-entropy summed over its valid positions, divided by T
+    unless ``per_token``; its gradient is that of the label-smoothed objective (`smoothing`)."""
+    nd = [pred.as_nd_ndarray(), label.astype("float32").as_nd_ndarray(),
+          valid_length.astype("float32").as_nd_ndarray()]
+    out = F.d2t_softmax_ce(*nd, smoothing=repr(float(smoothing)), per_token=int(bool(per_token)))
+    return out[0].as_np_ndarray()  # (batch,); out[1]: the log-sum-exps the backward pass reads

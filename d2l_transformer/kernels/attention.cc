@@ -1,17 +1,26 @@
 // Fused multi-head scaled dot-product attention for MXNet 1.9's custom-operator library API
-// (issue 4's fast path): transpose_qkv, the scores, d2l's masked softmax, the weighted sum
-// and transpose_output of the chapter's MultiHeadAttention, forward and backward, in one
-// operator that reads the heads in place (no transposes).
+// (issue 4's fast path): transpose_qkv, the scores, d2l's masked softmax, dropout on the
+// weights, the weighted sum and transpose_output of the chapter's MultiHeadAttention, forward
+// and backward, in one operator that reads the heads in place (no transposes).
 //
-//   d2t_attention(q, k, v[, valid_length]; num_heads, causal, scale) -> (batch, Tq, H * d)
+//   d2t_attention(q, k, v[, valid_length][, train]; num_heads, causal, scale[, dropout])
+//     -> out (batch, Tq, H * d)[, keep (batch, H, Tq, Tk) uint8 when dropout > 0]
 //
 // q: (batch, Tq, H * d), k and v: (batch, Tk, H * d) — head h is columns h*d .. h*d + d, the
 // layout transpose_qkv splits. valid_length: (batch,) or (batch, Tq), float32. Query i of an
 // example sees keys j < L with L = min(valid length, Tk - Tq + i + 1 if causal); L is clamped
 // to Tk. Scores are dot(q_i, k_j) / scale (the chapter's / sqrt(d)); masked keys get weight 0
 // (d2l fills -1e6, whose exp is 0 in float32); L <= 0 gives d2l's uniform weights 1 / Tk and
-// no gradient to q or k. Dropout on the weights is not implemented: the caller uses the kernel
-// only when that rate is 0. float32 only.
+// no gradient to q or k. float32 only.
+//
+// dropout = p > 0 (d2l 9.1's Dropout on the attention weights): one more input, `train`
+// (1,), nonzero when MXNet is training (the caller derives it in the graph from a Dropout op,
+// which knows), and one more output, `keep`: 1 where a weight was kept. In training each
+// weight the query sees is kept with probability 1 - p and scaled by 1 / (1 - p), as MXNet's
+// Dropout does (draws: `d2t::Dropout`, one stream per example and head); otherwise every
+// weight is kept unscaled. Backward reads `keep`, so it applies the forward's mask.
+//
+// The (example, head) pairs are shared between OpenMP threads (each writes its own columns).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,8 +39,27 @@ namespace {
 struct Dims {
   int64_t batch, tq, tk, heads, d, width;  // width = heads * d
   bool causal, has_length, length_per_query;
-  float scale;
+  float scale, dropout;
 };
+
+float dropout_of(const std::unordered_map<std::string, std::string>& attrs) {
+  return std::stof(attr(attrs, "dropout", "0"));
+}
+
+// q, k, v[, valid_length][, train]; out[, keep]
+MXReturnValue parse_attrs(const std::unordered_map<std::string, std::string>& attrs, int* num_in,
+                          int* num_out, int base_inputs) {
+  const bool dropout = dropout_of(attrs) > 0.f;
+  *num_in = base_inputs + dropout;
+  *num_out = 1 + dropout;
+  return MX_SUCCESS;
+}
+
+template <int BASE_INPUTS>
+MXReturnValue parse(const std::unordered_map<std::string, std::string>& attrs, int* num_in,
+                    int* num_out) {
+  return parse_attrs(attrs, num_in, num_out, BASE_INPUTS);
+}
 
 Dims dims_of(const std::unordered_map<std::string, std::string>& attrs, const MXTensor& q,
              const MXTensor& k, const MXTensor* length) {
@@ -46,6 +74,7 @@ Dims dims_of(const std::unordered_map<std::string, std::string>& attrs, const MX
   s.scale = std::stof(attr(attrs, "scale", "1"));
   s.has_length = length != nullptr;
   s.length_per_query = s.has_length && length->shape.size() == 2;
+  s.dropout = dropout_of(attrs);
   return s;
 }
 
@@ -95,6 +124,16 @@ inline int64_t weights_row(const Dims& s, const float* qi, const float* kh, cons
   return L;
 }
 
+// Row i's dropout: keep[j] for the n keys with weight (1 draw each in training, all kept
+// otherwise), 0 after them; returns the scale of a kept weight.
+inline float dropout_row(const Dims& s, bool train, d2t::Dropout* draws, uint8_t* keep,
+                         int64_t n) {
+  for (int64_t j = 0; j < n; ++j) keep[j] = train ? draws->keep() : 1;
+  std::fill(keep + n, keep + s.tk, 0);
+  return train ? 1.f / (1.f - s.dropout) : 1.f;
+}
+
+// inputs: q, k, v[, length][, train]; outputs: out[, keep]. One (example, head) per task.
 template <bool HAS_LENGTH>
 MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
                       std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
@@ -102,65 +141,99 @@ MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
   const MXTensor &q = (*inputs)[0], &k = (*inputs)[1], &v = (*inputs)[2];
   const float* length = HAS_LENGTH ? in((*inputs)[3]) : nullptr;
   const Dims s = dims_of(attrs, q, k, HAS_LENGTH ? &(*inputs)[3] : nullptr);
+  const bool dropout = s.dropout > 0.f;
+  const bool train = dropout && in((*inputs)[3 + HAS_LENGTH])[0] != 0.f;
+  uint8_t* keep = dropout ? static_cast<uint8_t*>((*outputs)[1].data_ptr) : nullptr;
+  const uint64_t seed = train ? d2t::dropout_seed(res) : 0;
   float* o = out((*outputs)[0]);
-  std::fill(o, o + q.size(), 0.f);
-  std::vector<float> p(s.tk);
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const float* kh = in(k) + b * s.tk * s.width + h * s.d;  // key j: kh + j * width
-      const float* vh = in(v) + b * s.tk * s.width + h * s.d;
-      for (int64_t i = 0; i < s.tq; ++i) {
-        const int64_t off = (b * s.tq + i) * s.width + h * s.d;
-        const int64_t L = weights_row(s, in(q) + off, kh, length, b, i, p.data());
-        for (int64_t j = 0, n = L ? L : s.tk; j < n; ++j) axpy(p[j], vh + j * s.width, o + off, s.d);
+  const float *qp = in(q), *kp = in(k), *vp = in(v);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
+    const int64_t b = bh / s.heads, h = bh % s.heads;
+    std::vector<float> p(s.tk);
+    d2t::Dropout draws(seed, bh, s.dropout);
+    const float* kh = kp + b * s.tk * s.width + h * s.d;  // key j: kh + j * width
+    const float* vh = vp + b * s.tk * s.width + h * s.d;
+    for (int64_t i = 0; i < s.tq; ++i) {
+      const int64_t off = (b * s.tq + i) * s.width + h * s.d;
+      std::fill(o + off, o + off + s.d, 0.f);
+      const int64_t L = weights_row(s, qp + off, kh, length, b, i, p.data());
+      const int64_t n = L ? L : s.tk;
+      if (!dropout) {
+        for (int64_t j = 0; j < n; ++j) axpy(p[j], vh + j * s.width, o + off, s.d);
+        continue;
       }
+      uint8_t* kr = keep + (bh * s.tq + i) * s.tk;  // (batch, H, Tq, Tk)
+      const float scale = dropout_row(s, train, &draws, kr, n);
+      for (int64_t j = 0; j < n; ++j)
+        if (kr[j]) axpy(p[j] * scale, vh + j * s.width, o + off, s.d);
     }
   }
   return MX_SUCCESS;
 }
 
-// inputs: dout, q, k, v[, length], out; outputs: dq, dk, dv[, dlength (zeros)]
+// inputs: dout[, dkeep], q, k, v[, length][, train], out[, keep];
+// outputs: dq, dk, dv[, dlength][, dtrain] (the last two: zeros). One (example, head) per task.
 template <bool HAS_LENGTH>
 MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs,
                        std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                        const OpResource& res) {
-  const MXTensor &dout = (*inputs)[0], &q = (*inputs)[1], &k = (*inputs)[2], &v = (*inputs)[3];
-  const float* length = HAS_LENGTH ? in((*inputs)[4]) : nullptr;
-  const Dims s = dims_of(attrs, q, k, HAS_LENGTH ? &(*inputs)[4] : nullptr);
+  const bool dropout = dropout_of(attrs) > 0.f;
+  const int num_out = 1 + dropout, num_in = 3 + HAS_LENGTH + dropout;
+  const MXTensor &dout = (*inputs)[0], &q = (*inputs)[num_out], &k = (*inputs)[num_out + 1],
+                 &v = (*inputs)[num_out + 2];
+  const float* length = HAS_LENGTH ? in((*inputs)[num_out + 3]) : nullptr;
+  const Dims s = dims_of(attrs, q, k, HAS_LENGTH ? &(*inputs)[num_out + 3] : nullptr);
+  const bool train = dropout && in((*inputs)[num_out + 3 + HAS_LENGTH])[0] != 0.f;
+  const uint8_t* keep =
+      dropout ? static_cast<const uint8_t*>((*inputs)[num_out + num_in + 1].data_ptr) : nullptr;
+  const float kept = train ? 1.f / (1.f - s.dropout) : 1.f;  // a kept weight's scale
   float *dq = out((*outputs)[0]), *dk = out((*outputs)[1]), *dv = out((*outputs)[2]);
-  std::fill(dq, dq + q.size(), 0.f);
-  std::fill(dk, dk + k.size(), 0.f);
-  std::fill(dv, dv + v.size(), 0.f);
-  if (HAS_LENGTH && (*outputs)[3].data_ptr != nullptr)  // lengths get no gradient
-    std::fill(out((*outputs)[3]), out((*outputs)[3]) + (*outputs)[3].size(), 0.f);
-  std::vector<float> p(s.tk), dp(s.tk);
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t kv_off = b * s.tk * s.width + h * s.d;  // key/value j: + j * width
-      const float *kh = in(k) + kv_off, *vh = in(v) + kv_off;
-      float *dkh = dk + kv_off, *dvh = dv + kv_off;
-      for (int64_t i = 0; i < s.tq; ++i) {
-        const int64_t off = (b * s.tq + i) * s.width + h * s.d;
-        const float *qi = in(q) + off, *doi = in(dout) + off;
-        const int64_t L = weights_row(s, qi, kh, length, b, i, p.data());
-        const int64_t n = L ? L : s.tk;
-        float pdp = 0.f;  // sum_j p_j dp_j
-        for (int64_t j = 0; j < n; ++j) {
-          dp[j] = dot(doi, vh + j * s.width, s.d);  // d weight_j = dout_i . v_j
-          pdp += p[j] * dp[j];
-          axpy(p[j], doi, dvh + j * s.width, s.d);  // dv_j += weight_j dout_i
+  for (size_t o = 3; o < outputs->size(); ++o)  // lengths and the train flag get no gradient
+    if ((*outputs)[o].data_ptr != nullptr)
+      std::fill(out((*outputs)[o]), out((*outputs)[o]) + (*outputs)[o].size(), 0.f);
+  const float *qp = in(q), *kp = in(k), *vp = in(v), *dop = in(dout);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
+    const int64_t b = bh / s.heads, h = bh % s.heads;
+    std::vector<float> p(s.tk), g(s.tk);
+    const int64_t kv_off = b * s.tk * s.width + h * s.d;  // key/value j: + j * width
+    const float *kh = kp + kv_off, *vh = vp + kv_off;
+    float *dkh = dk + kv_off, *dvh = dv + kv_off;
+    for (int64_t j = 0; j < s.tk; ++j) {
+      std::fill(dkh + j * s.width, dkh + j * s.width + s.d, 0.f);
+      std::fill(dvh + j * s.width, dvh + j * s.width + s.d, 0.f);
+    }
+    for (int64_t i = 0; i < s.tq; ++i) {
+      const int64_t off = (b * s.tq + i) * s.width + h * s.d;
+      const float *qi = qp + off, *doi = dop + off;
+      float* dqi = dq + off;
+      std::fill(dqi, dqi + s.d, 0.f);
+      const uint8_t* kr = dropout ? keep + (bh * s.tq + i) * s.tk : nullptr;
+      const int64_t L = weights_row(s, qi, kh, length, b, i, p.data());
+      const int64_t n = L ? L : s.tk;
+      float pg = 0.f;  // sum_j p_j g_j
+      for (int64_t j = 0; j < n; ++j) {
+        const float m = dropout ? (kr[j] ? kept : 0.f) : 1.f;  // the dropout's factor
+        if (m == 0.f) {
+          g[j] = 0.f;
+          continue;
         }
-        for (int64_t j = 0; j < L; ++j) {  // a fully masked row (L == 0) has constant scores
-          const float ds = p[j] * (dp[j] - pdp) / s.scale;  // d score_j, through / scale
-          axpy(ds, kh + j * s.width, dq + off, s.d);
-          axpy(ds, qi, dkh + j * s.width, s.d);
-        }
+        g[j] = m * dot(doi, vh + j * s.width, s.d);  // d weight_j = m_j dout_i . v_j
+        pg += p[j] * g[j];
+        axpy(m * p[j], doi, dvh + j * s.width, s.d);  // dv_j += m_j weight_j dout_i
+      }
+      for (int64_t j = 0; j < L; ++j) {  // a fully masked row (L == 0) has constant scores
+        const float ds = p[j] * (g[j] - pg) / s.scale;  // d score_j, through / scale
+        axpy(ds, kh + j * s.width, dqi, s.d);
+        axpy(ds, qi, dkh + j * s.width, s.d);
       }
     }
   }
   return MX_SUCCESS;
 }
 
+template <bool HAS_LENGTH>
 MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& attrs,
                           std::vector<std::vector<unsigned int>>* in_shapes,
                           std::vector<std::vector<unsigned int>>* out_shapes) {
@@ -174,7 +247,7 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
     MX_ERROR_MSG << "d2t attention: width " << q[2] << " is not divisible by num_heads";
     return MX_FAIL;
   }
-  if (in_shapes->size() == 4) {
+  if (HAS_LENGTH) {
     const auto& len = (*in_shapes)[3];
     if (len.empty() || len.size() > 2 || len[0] != q[0] || (len.size() == 2 && len[1] != q[1])) {
       MX_ERROR_MSG << "d2t attention: valid_length must be (batch,) or (batch, Tq)";
@@ -182,6 +255,28 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
     }
   }
   (*out_shapes)[0] = q;
+  if (out_shapes->size() == 2) {  // dropout: the train flag (1,), the keep mask
+    const auto& train = (*in_shapes)[3 + HAS_LENGTH];
+    if (train.size() != 1 || train[0] != 1) {
+      MX_ERROR_MSG << "d2t attention: the train flag must have shape (1,)";
+      return MX_FAIL;
+    }
+    (*out_shapes)[1] = {q[0], heads, q[1], k[1]};  // (batch, H, Tq, Tk)
+  }
+  return MX_SUCCESS;
+}
+
+// float32 inputs; out float32, keep uint8
+MXReturnValue infer_type(const std::unordered_map<std::string, std::string>& attrs,
+                         std::vector<int>* in_types, std::vector<int>* out_types) {
+  for (int t : *in_types) {
+    if (t != kFloat32) {
+      MX_ERROR_MSG << "d2t attention: float32 inputs only";
+      return MX_FAIL;
+    }
+  }
+  (*out_types)[0] = kFloat32;
+  if (out_types->size() == 2) (*out_types)[1] = kUint8;
   return MX_SUCCESS;
 }
 
@@ -190,13 +285,13 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
 REGISTER_OP(d2t_attention)
 .setForward(forward<false>, "cpu")
 .setBackward(backward<false>, "cpu")
-.setParseAttrs(d2t::parse_attrs<3>)
-.setInferType(d2t::float32_only)
-.setInferShape(infer_shape);
+.setParseAttrs(parse<3>)
+.setInferType(infer_type)
+.setInferShape(infer_shape<false>);
 
 REGISTER_OP(d2t_attention_masked)
 .setForward(forward<true>, "cpu")
 .setBackward(backward<true>, "cpu")
-.setParseAttrs(d2t::parse_attrs<4>)
-.setInferType(d2t::float32_only)
-.setInferShape(infer_shape);
+.setParseAttrs(parse<4>)
+.setInferType(infer_type)
+.setInferShape(infer_shape<true>);

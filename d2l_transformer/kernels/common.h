@@ -1,8 +1,10 @@
-// What the d2l_transformer kernels share: float32 tensor access and the attribute and type
-// functions of a one-output float32 operator (MXNet 1.9's custom-operator library API).
+// What the d2l_transformer kernels share: float32 tensor access, the attribute and type
+// functions of a one-output float32 operator, and dropout's random draws (MXNet 1.9's
+// custom-operator library API).
 #ifndef D2L_TRANSFORMER_KERNELS_COMMON_H_
 #define D2L_TRANSFORMER_KERNELS_COMMON_H_
 
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -42,6 +44,44 @@ inline MXReturnValue float32_only(const Attrs& attrs, std::vector<int>* in_types
   (*out_types)[0] = mxnet::ext::kFloat32;
   return mxnet::ext::MX_SUCCESS;
 }
+
+// Dropout's draws (keep with probability 1 - p, as MXNet's Dropout). `dropout_seed` takes one
+// 64-bit seed from MXNet's seeded CPU random states (`OpResource::get_cpu_rand_states`,
+// reseeded by ``mx.random.seed``) per operator call; `Dropout(seed, stream, p)` is then an
+// independent splitmix64 stream for each part of the work (a row, a head), so that the draws
+// do not depend on how the parts are shared between threads. Two 32-bit draws per step; a
+// draw u keeps when u >= p * 2^32.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+inline uint64_t dropout_seed(const mxnet::ext::OpResource& res) {
+  mxnet::ext::mx_cpu_rand_t& gen = res.get_cpu_rand_states()[0];
+  return (static_cast<uint64_t>(gen()) << 32) ^ static_cast<uint64_t>(gen());
+}
+
+class Dropout {
+ public:
+  Dropout(uint64_t seed, uint64_t stream, float p)
+      : threshold_(static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0)),
+        state_(mix64(seed ^ mix64(stream + 0x9E3779B97F4A7C15ull))) {}
+
+  bool keep() {
+    if (!have_) {
+      bits_ = mix64(state_ += 0x9E3779B97F4A7C15ull);
+      have_ = true;
+      return (bits_ & 0xFFFFFFFFull) >= threshold_;
+    }
+    have_ = false;
+    return (bits_ >> 32) >= threshold_;
+  }
+
+ private:
+  uint64_t threshold_, state_, bits_ = 0;
+  bool have_ = false;
+};
 
 }  // namespace d2t
 

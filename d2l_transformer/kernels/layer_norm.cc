@@ -5,13 +5,23 @@
 // two operators compute the same function in one pass over the rows:
 //
 //   d2t_layer_norm(data, gamma, beta; eps)        = LayerNorm over the last axis
-//   d2t_add_layer_norm(x, y, gamma, beta; eps)    = LayerNorm(x + y)   (AddNorm, post-norm)
+//   d2t_add_layer_norm(x, y, gamma, beta[, train]; eps[, dropout])
+//                                                 = LayerNorm(dropout(x) + y)   (AddNorm)
 //
 // y = (x - mean) / sqrt(var + eps) * gamma + beta, var the biased variance (as MXNet's).
 // Backward, per row with xhat = (x - mean) * rstd and g = dy * gamma:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
 //   dgamma = sum over rows of dy * xhat, dbeta = sum over rows of dy.
-// float32 only (the model's dtype); single-threaded (the rows are few and short).
+//
+// dropout = p > 0 (AddNorm's Dropout on the sublayer's output, d2l 9.3.3): one more input,
+// `train` (1,), nonzero when MXNet is training (see attention.cc), and one more output,
+// `keep` (x's shape, uint8): in training each element of x is kept with probability 1 - p and
+// scaled by 1 / (1 - p), as MXNet's Dropout does (`d2t::Dropout`, one stream per row);
+// otherwise x is used as it is. Backward reads `keep`.
+//
+// float32 only (the model's dtype). Rows are shared between OpenMP threads in blocks of
+// `kBlock`; dgamma and dbeta are summed per block, then over the blocks in order, so the
+// result does not depend on the number of threads.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,7 +37,11 @@ using d2t::out;
 
 namespace {
 
+constexpr int64_t kBlock = 64;
+
 float eps_of(const d2t::Attrs& attrs) { return std::stof(attr(attrs, "eps", "1e-5")); }
+
+float dropout_of(const d2t::Attrs& attrs) { return std::stof(attr(attrs, "dropout", "0")); }
 
 // Sum of a[0:n] in 8 independent partial sums: no add-latency chain, and the compiler
 // vectorizes it (a single accumulator made the kernel latency-bound, ~1 ns per element).
@@ -50,72 +64,149 @@ inline float normalize_row(const float* x, int64_t D, float eps, float* xhat) {
   return rstd;
 }
 
-// The row's input: x, or x + y written into `sum` (AddNorm's sum, in that order).
-inline const float* row_input(const float* x, const float* y, int64_t D, float* sum) {
+// The dropout of AddNorm's x: `keep` (uint8, x's shape) and the scale of a kept element.
+struct RowDropout {
+  uint8_t* keep;  // nullptr: no dropout
+  float scale;
+};
+
+// The row's input: x, or x + y written into `sum` (AddNorm's sum, in that order), x times
+// its keep mask and scale first with dropout.
+inline const float* row_input(const float* x, const float* y, const uint8_t* keep, float scale,
+                              int64_t D, float* sum) {
   if (y == nullptr) return x;
-  for (int64_t j = 0; j < D; ++j) sum[j] = x[j] + y[j];
+  if (keep == nullptr) {
+    for (int64_t j = 0; j < D; ++j) sum[j] = x[j] + y[j];
+  } else {
+    for (int64_t j = 0; j < D; ++j) sum[j] = (keep[j] ? x[j] * scale : 0.f) + y[j];
+  }
   return sum;
 }
 
-// out = LayerNorm(x [+ y]); x, y, out: (rows, D).
+// out = LayerNorm(dropout(x) [+ y]); x, y, out: (rows, D). With `drop.keep` and `draws`
+// (training), the row's keep mask is drawn first; with `drop.keep` alone, every element kept.
 void ln_forward(const float* x, const float* y, const float* gamma, const float* beta, float* out,
-                int64_t rows, int64_t D, float eps) {
-  std::vector<float> sum(D), xhat(D);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* in = row_input(x + r * D, y ? y + r * D : nullptr, D, sum.data());
-    normalize_row(in, D, eps, xhat.data());
-    float* o = out + r * D;
-    for (int64_t j = 0; j < D; ++j) o[j] = xhat[j] * gamma[j] + beta[j];
+                int64_t rows, int64_t D, float eps, RowDropout drop, uint64_t seed, float p,
+                bool train) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    std::vector<float> sum(D), xhat(D);
+    for (int64_t r = r0; r < std::min(rows, r0 + kBlock); ++r) {
+      uint8_t* keep = drop.keep ? drop.keep + r * D : nullptr;
+      if (keep != nullptr) {
+        d2t::Dropout draws(seed, r, p);
+        for (int64_t j = 0; j < D; ++j) keep[j] = train ? draws.keep() : 1;
+      }
+      const float* in = row_input(x + r * D, y ? y + r * D : nullptr, keep, drop.scale, D,
+                                  sum.data());
+      normalize_row(in, D, eps, xhat.data());
+      float* o = out + r * D;
+      for (int64_t j = 0; j < D; ++j) o[j] = xhat[j] * gamma[j] + beta[j];
+    }
   }
 }
 
-// dx (the gradient of x, and of y when given), dgamma, dbeta from dout.
+// dx (the gradient of x [+ y]), dy, dgamma, dbeta from dout; dy == dx before x's dropout.
 void ln_backward(const float* dout, const float* x, const float* y, const float* gamma,
-                 float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t D, float eps) {
-  std::vector<float> sum(D), xhat(D), g(D), gx(D);
-  for (int64_t j = 0; j < D; ++j) dgamma[j] = dbeta[j] = 0.f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* in = row_input(x + r * D, y ? y + r * D : nullptr, D, sum.data());
-    const float rstd = normalize_row(in, D, eps, xhat.data());
-    const float* dy = dout + r * D;
-    for (int64_t j = 0; j < D; ++j) {
-      g[j] = dy[j] * gamma[j];
-      gx[j] = g[j] * xhat[j];
-      dgamma[j] += dy[j] * xhat[j];
-      dbeta[j] += dy[j];
+                 float* dx, float* dy, float* dgamma, float* dbeta, int64_t rows, int64_t D,
+                 float eps, RowDropout drop) {
+  const int64_t blocks = (rows + kBlock - 1) / kBlock;
+  std::vector<float> partial(blocks * 2 * D, 0.f);  // per block: dgamma, dbeta
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    std::vector<float> sum(D), xhat(D), g(D), gx(D);
+    float *pg = partial.data() + blk * 2 * D, *pb = pg + D;
+    for (int64_t r = blk * kBlock; r < std::min(rows, (blk + 1) * kBlock); ++r) {
+      const uint8_t* keep = drop.keep ? drop.keep + r * D : nullptr;
+      const float* in = row_input(x + r * D, y ? y + r * D : nullptr, keep, drop.scale, D,
+                                  sum.data());
+      const float rstd = normalize_row(in, D, eps, xhat.data());
+      const float* dyr = dout + r * D;
+      for (int64_t j = 0; j < D; ++j) {
+        g[j] = dyr[j] * gamma[j];
+        gx[j] = g[j] * xhat[j];
+        pg[j] += dyr[j] * xhat[j];
+        pb[j] += dyr[j];
+      }
+      const float mg = sum8(g.data(), D) / D, mgx = sum8(gx.data(), D) / D;
+      float* d = dx + r * D;
+      for (int64_t j = 0; j < D; ++j) d[j] = rstd * (g[j] - mg - xhat[j] * mgx);
+      if (dy != nullptr) std::copy(d, d + D, dy + r * D);  // d(x + y)/dy == d(x + y)/dx
+      if (keep != nullptr)
+        for (int64_t j = 0; j < D; ++j) d[j] = keep[j] ? d[j] * drop.scale : 0.f;
     }
-    const float mg = sum8(g.data(), D) / D, mgx = sum8(gx.data(), D) / D;
-    float* d = dx + r * D;
-    for (int64_t j = 0; j < D; ++j) d[j] = rstd * (g[j] - mg - xhat[j] * mgx);
+  }
+  std::fill(dgamma, dgamma + D, 0.f);
+  std::fill(dbeta, dbeta + D, 0.f);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    for (int64_t j = 0; j < D; ++j) {
+      dgamma[j] += partial[blk * 2 * D + j];
+      dbeta[j] += partial[blk * 2 * D + D + j];
+    }
   }
 }
 
 int64_t last_dim(const MXTensor& t) { return t.shape.back(); }
 
 
-// inputs: data, gamma, beta (or x, y, gamma, beta); outputs: out
+// inputs: data, gamma, beta (or x, y, gamma, beta[, train]); outputs: out[, keep]
 template <bool ADD>
 MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
                       std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                       const OpResource& res) {
   const MXTensor& x = (*inputs)[0];
   const int64_t D = last_dim(x), rows = x.size() / D;
+  const float p = ADD ? dropout_of(attrs) : 0.f;
+  const bool train = p > 0.f && in((*inputs)[4])[0] != 0.f;
+  RowDropout drop{p > 0.f ? static_cast<uint8_t*>((*outputs)[1].data_ptr) : nullptr,
+                  train ? 1.f / (1.f - p) : 1.f};
   ln_forward(in(x), ADD ? in((*inputs)[1]) : nullptr, in((*inputs)[ADD + 1]),
-             in((*inputs)[ADD + 2]), out((*outputs)[0]), rows, D, eps_of(attrs));
+             in((*inputs)[ADD + 2]), out((*outputs)[0]), rows, D, eps_of(attrs), drop,
+             train ? d2t::dropout_seed(res) : 0, p, train);
   return MX_SUCCESS;
 }
 
-// inputs: dout, then the forward's inputs, then its output; outputs: dx[, dy], dgamma, dbeta
+// inputs: dout[, dkeep], then the forward's inputs, then its outputs;
+// outputs: dx[, dy], dgamma, dbeta[, dtrain (zeros)]
 template <bool ADD>
 MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs,
                        std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                        const OpResource& res) {
-  const MXTensor& x = (*inputs)[1];
+  const float p = ADD ? dropout_of(attrs) : 0.f;
+  const int num_out = 1 + (p > 0.f), num_in = ADD ? 4 + (p > 0.f) : 3;
+  const MXTensor& x = (*inputs)[num_out];
   const int64_t D = last_dim(x), rows = x.size() / D;
-  float* dx = out((*outputs)[0]);
-  ln_backward(in((*inputs)[0]), in(x), ADD ? in((*inputs)[2]) : nullptr, in((*inputs)[ADD + 2]),
-              dx, out((*outputs)[ADD + 1]), out((*outputs)[ADD + 2]), rows, D, eps_of(attrs));
-  if (ADD) std::copy(dx, dx + x.size(), out((*outputs)[1]));  // d(x + y)/dy == d(x + y)/dx
+  const bool train = p > 0.f && in((*inputs)[num_out + 4])[0] != 0.f;
+  RowDropout drop{p > 0.f ? static_cast<uint8_t*>((*inputs)[num_out + num_in + 1].data_ptr)
+                          : nullptr,
+                  train ? 1.f / (1.f - p) : 1.f};
+  ln_backward(in((*inputs)[0]), in(x), ADD ? in((*inputs)[num_out + 1]) : nullptr,
+              in((*inputs)[num_out + ADD + 1]), out((*outputs)[0]),
+              ADD ? out((*outputs)[1]) : nullptr, out((*outputs)[ADD + 1]),
+              out((*outputs)[ADD + 2]), rows, D, eps_of(attrs), drop);
+  if (p > 0.f && (*outputs)[4].data_ptr != nullptr) out((*outputs)[4])[0] = 0.f;  // dtrain
+  return MX_SUCCESS;
+}
+
+template <int NUM_DATA>
+MXReturnValue parse_attrs(const d2t::Attrs& attrs, int* num_in, int* num_out) {
+  const bool dropout = NUM_DATA == 2 && dropout_of(attrs) > 0.f;
+  *num_in = NUM_DATA + 2 + dropout;
+  *num_out = 1 + dropout;
+  return MX_SUCCESS;
+}
+
+// float32 inputs; out float32, keep uint8
+MXReturnValue infer_type(const d2t::Attrs& attrs, std::vector<int>* in_types,
+                         std::vector<int>* out_types) {
+  for (int t : *in_types) {
+    if (t != kFloat32) {
+      MX_ERROR_MSG << "d2l_transformer kernels: float32 inputs only";
+      return MX_FAIL;
+    }
+  }
+  (*out_types)[0] = kFloat32;
+  if (out_types->size() == 2) (*out_types)[1] = kUint8;
   return MX_SUCCESS;
 }
 
@@ -145,6 +236,14 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
     }
   }
   (*out_shapes)[0] = data;
+  if (out_shapes->size() == 2) {  // dropout: the train flag (1,), the keep mask
+    const auto& train = (*in_shapes)[NUM_DATA + 2];
+    if (train.size() != 1 || train[0] != 1) {
+      MX_ERROR_MSG << "d2t add layer norm: the train flag must have shape (1,)";
+      return MX_FAIL;
+    }
+    (*out_shapes)[1] = data;
+  }
   return MX_SUCCESS;
 }
 
@@ -153,15 +252,15 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
 REGISTER_OP(d2t_layer_norm)
 .setForward(forward<false>, "cpu")
 .setBackward(backward<false>, "cpu")
-.setParseAttrs(d2t::parse_attrs<3>)
-.setInferType(d2t::float32_only)
+.setParseAttrs(parse_attrs<1>)
+.setInferType(infer_type)
 .setInferShape(infer_shape<1>);
 
 REGISTER_OP(d2t_add_layer_norm)
 .setForward(forward<true>, "cpu")
 .setBackward(backward<true>, "cpu")
-.setParseAttrs(d2t::parse_attrs<4>)
-.setInferType(d2t::float32_only)
+.setParseAttrs(parse_attrs<2>)
+.setInferType(infer_type)
 .setInferShape(infer_shape<2>);
 
 MXReturnValue initialize(int version) {

@@ -1,5 +1,6 @@
 """Training (9.3.7): the loss, the optimiser, the step (imperative, graph, data-parallel) and
-the one loop that runs it."""
+the one loop that runs it; `training.run.train_model` is a whole run (data, model, checkpoints,
+the chapter's translations), imported on its own as the command line and the scripts do."""
 
 from .loop import book_line, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss

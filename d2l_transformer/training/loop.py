@@ -1,5 +1,6 @@
 """9.3.7 Training with the semantics of d2l's `train_s2s_ch8` (the chapter calls it)."""
 
+import math
 import random
 import time
 
@@ -20,32 +21,59 @@ def set_seed(seed):
     mx.random.seed(seed)
 
 
+def rng_state():
+    """The host random streams (Python's and NumPy's: the batch order) as JSON-able lists."""
+    kind, keys, pos, has_gauss, cached = onp.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+            "python": [version, list(internal), gauss_next]}
+
+
+def set_rng_state(state):
+    """Restore what `rng_state` returned (a resumed run continues the same batch order)."""
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    onp.random.set_state((kind, onp.array(keys, dtype=onp.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
-                  loss=None, start_epoch=1, epoch_seed=None, on_batch=None,
+                  loss=None, start_epoch=1, epoch_seed=None, on_batch=None, report_every=50,
                   fast=False, kvstore=None):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
-    epoch), ``loss_per_token`` (the true cross-entropy per target token), ``tokens_per_sec``
-    (last epoch, like the book), ``history`` ``[(epoch, loss), ...]`` every 10 epochs.
+    epoch), ``loss_per_token`` (the true cross-entropy per target token: summed over the real
+    tokens, divided by their number, whatever the padding) and its ``perplexity``,
+    ``tokens_per_sec`` (last epoch, like the book), ``history`` ``[(epoch, loss), ...]`` every
+    10 epochs. With a ``reduction="token"`` loss, ``loss`` is that cross-entropy too (the
+    book's units average over the padded width, which only the chapter's fixed width makes a
+    fixed scale); with label smoothing both stay the plain cross-entropy.
     ``on_epoch(epoch, loss)`` is called after every epoch.
 
     Options beyond the chapter (keyword-only; the defaults are the chapter's run): ``trainer``
     given means the model is already initialised (or loaded) and is trained as it is, with this
     trainer; ``loss`` replaces `MaskedSoftmaxCELoss()`; epochs run from ``start_epoch``;
-    ``epoch_seed`` reseeds every RNG with ``epoch_seed + epoch`` before each epoch, so that a run
-    resumed at an epoch boundary repeats an uninterrupted one exactly; ``on_batch(epoch,
-    loss_sum, num_tokens)`` is called after every batch with the epoch's running sums.
+    ``epoch_seed`` reseeds MXNet's RNG (dropout, LayerDrop, DropHead) with ``epoch_seed +
+    epoch`` before each epoch, while NumPy's stream (the batch order) runs on as in the chapter;
+    with `rng_state` saved at an epoch boundary and restored by `set_rng_state`, a resumed run
+    repeats an uninterrupted one exactly; ``on_batch(epoch,
+    batches_done, sums)`` is called after every batch: ``sums`` is the epoch's running
+    ``(loss_sum, num_tokens)`` as host floats every ``report_every`` batches and after the
+    epoch's last batch (then summed over all workers), else None, so that a progress bar never
+    makes the fast path read the device every batch.
 
-    ``fast=True`` (issue 4) runs the same arithmetic as one hybridized graph
+    ``fast=True`` runs the same arithmetic as one hybridized graph
     (:class:`TrainGraph`, ``static_alloc/static_shape``), clips and updates all parameters in
-    fused operators (:class:`ClipAdam`, no host sync) and reads the losses back once per epoch;
+    fused operators (:class:`ClipAdam`, no host sync) and reads the losses back once per epoch
+    (and every ``report_every`` batches for ``on_batch``); a gradient whose global norm is not
+    finite raises FloatingPointError at the end of its epoch, before ``on_epoch``;
     on a CPU the graph's LayerNorms and attention cores are the fused kernels of `kernels`
     (same function; MXNet's operators when they cannot be built). It needs the corrected model
     (the graph call raises in exact mode). The loop below is
     shared: only the step function (chosen once, `_fast_step`) differs.
 
-    Scale-out (issue 6): ``ctx`` may be a list of devices; each batch is split across them and
+    Scale-out: ``ctx`` may be a list of devices; each batch is split across them and
     `_parallel_step` sums the gradients through the trainer's kvstore. ``kvstore`` is a dist
     kvstore (`distributed.create_kvstore`) when several processes train together: each feeds
     its own shard of the data, and the reported loss and tokens are sums over all workers.
@@ -55,6 +83,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
         trainer = make_trainer(model, lr, kvstore=kvstore)
     loss = loss or MaskedSoftmaxCELoss()
+    per_width = getattr(loss, "reduction", "book") == "book"  # the book's mean over positions
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = len(ctxs) > 1 or is_distributed(kvstore)
     if parallel:
@@ -72,26 +101,39 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             trainer.step(num_tokens)
             return float(l.sum()), float(num_tokens)
     history = []
+    health = getattr(step, "health", None)  # `ClipAdam.health` of a fast step, or None
+    num_batches = len(data_iter) if hasattr(data_iter, "__len__") else None
     epoch_loss, ce_sum, num_tokens_sum, elapsed = float("nan"), 0.0, 0.0, float("nan")
     for epoch in range(start_epoch, num_epochs + 1):
         if epoch_seed is not None:
-            set_seed(epoch_seed + epoch)
+            mx.random.seed(epoch_seed + epoch)  # the in-graph random ops; NumPy's stream runs on
         tic = time.time()
-        loss_sum, ce_sum, num_tokens_sum = 0.0, 0.0, 0.0
+        loss_sum, ce_sum, num_tokens_sum, done = 0.0, 0.0, 0.0, 0
         for batch in data_iter:
             # a single device gets the batch here; `_parallel_step` splits it across devices
             X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
             batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
-            loss_sum += batch_loss
-            ce_sum += batch_loss * Y_label.shape[1]  # undo the mean over positions
+            loss_sum += batch_loss  # device arrays on the fast path: no sync here
+            ce_sum += batch_loss * (Y_label.shape[1] if per_width else 1)  # undo the mean over positions
             num_tokens_sum += num_tokens
+            done += 1
             if on_batch is not None:
-                on_batch(epoch, float(loss_sum), float(num_tokens_sum))
-        loss_sum, ce_sum, num_tokens_sum = global_sum(float(loss_sum), float(ce_sum),
-                                                      float(num_tokens_sum))
+                report = done % report_every == 0 and done != num_batches  # the end reads anyway
+                on_batch(epoch, done, _read(loss_sum, num_tokens_sum) if report else None)
+        flags = None if health is None else health()
+        values = _read(loss_sum, ce_sum, num_tokens_sum, *(() if flags is None else (flags,)))
+        loss_sum, ce_sum, num_tokens_sum = global_sum(*values[:3])
+        if flags is not None and values[3]:
+            raise FloatingPointError(
+                f"epoch {epoch}: the gradient's global norm was not finite (NaN or Inf) at "
+                f"{values[3]:.0f} of {trainer._optimizer.num_update} updates so far, first at update "
+                f"{values[4]:.0f}; those updates were skipped. Lower the learning rate or check "
+                "the data")
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum
+        if on_batch is not None:
+            on_batch(epoch, done, (loss_sum, num_tokens_sum))
         if epoch % 10 == 0:
             history.append((epoch, epoch_loss))
         if on_epoch is not None:
@@ -99,11 +141,24 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     return {
         "loss": epoch_loss,
         "loss_per_token": ce_sum / num_tokens_sum if num_tokens_sum else float("nan"),
+        "perplexity": math.exp(min(ce_sum / num_tokens_sum, 700)) if num_tokens_sum else float("nan"),
         "tokens_per_sec": num_tokens_sum / elapsed if num_tokens_sum else 0.0,
         "ctx": ",".join(str(c) for c in ctxs),
         "epochs": num_epochs,
         "history": history,
     }
+
+
+def _read(*values):
+    """Host floats of `values` (host numbers and device arrays, flattened) with ONE device read:
+    the only host syncs of the fast path."""
+    arrays = [v for v in values if isinstance(v, mx.nd.NDArray)]
+    flat = iter(mx.nd.concat(*[a.as_nd_ndarray().reshape((-1,)).astype("float64") for a in arrays],
+                             dim=0).asnumpy().tolist() if arrays else [])
+    out = []
+    for v in values:
+        out.extend([next(flat) for _ in range(v.size)] if isinstance(v, mx.nd.NDArray) else [float(v)])
+    return out
 
 
 def book_line(summary):

@@ -14,20 +14,31 @@ def _clip_global(params, theta):
 
 
 class ClipAdam:
-    """The fast path's update (issue 4): the book's clipping and Adam in two fused operators.
+    """The fast path's update: the book's clipping and MXNet's Adam in fused operators.
 
     Same arithmetic as ``grad_clipping(model, theta); trainer.step(num_tokens)``: the gradient
     of the summed loss is scaled by ``theta / norm`` when its global norm exceeds theta, then
     Adam runs with ``rescale_grad = 1 / num_tokens``. Here the global norm is one
     ``multi_sum_sq`` over all gradients, the clip coefficient and ``1 / num_tokens`` become one
     (1,) array on the device that is Adam's ``rescale_grad``, and all parameters are updated by
-    one ``multi_adamw_update`` (AdamW with eta=1 and the trainer's wd is Adam). No host sync.
-    The trainer's own optimizer state, update counts and learning-rate schedule are used, so
-    ``trainer.save_states`` and a resumed run see the same state as after ``trainer.step``.
+    ``multi_adamw_update`` calls. No host sync. The trainer's own optimizer state, update counts
+    and learning-rate schedule are used, so ``trainer.save_states`` and a resumed run see the
+    same state as after ``trainer.step``.
 
-    Several devices (issue 6, after ``trainer.allreduce_grads()`` has left the same summed
-    gradient on each): every device's copy is clipped and updated the same way with that
-    device's own Adam state, as ``trainer.update`` would.
+    Weight decay: MXNet's Adam adds ``wd * weight`` to the rescaled gradient (L2), while
+    ``multi_adamw_update`` decays the weight itself (AdamW). With ``wd == 0`` the two are the same
+    update; with ``wd != 0`` the gradient is first rescaled and given ``wd * weight`` here, and
+    the fused update runs with ``rescale_grad = 1`` and no decay: MXNet's Adam for any wd.
+
+    A non-finite global norm (NaN or Inf in a gradient): that update is skipped (a non-finite
+    ``rescale_grad`` makes ``multi_adamw_update`` leave the weights and the moments as they
+    are) and counted on the device; `health` gives ``[skipped updates, first skipped update
+    number]`` as a device array, which the training loop reads with the epoch's losses (no
+    extra sync) and reports by raising FloatingPointError.
+
+    Several devices (after ``trainer.allreduce_grads()`` has left the same summed gradient on
+    each): every device's copy is clipped and updated the same way with that device's own Adam
+    state, as ``trainer.update`` would.
 
     ``ClipAdam.supports(trainer)`` is False (use the unfused update) for anything but plain
     Adam updated by the workers (no update on a kvstore).
@@ -55,6 +66,8 @@ class ClipAdam:
                     updater.states_synced[i] = True
             self.devices.append((ctx.device_id, weights, grads, [states[i][0] for i in self.indices],
                                  [states[i][1] for i in self.indices]))
+        # (2,) on the first device: [updates skipped for a non-finite norm, first such update]
+        self._health = mx.nd.zeros((2,), ctx=self.devices[0][1][0].context)
 
     @staticmethod
     def supports(trainer):
@@ -66,24 +79,42 @@ class ClipAdam:
                 and not getattr(trainer, "_amp_loss_scaler", None))
 
     def rescale(self, num_tokens, grads=None):
-        """(1,): min(1, theta / global norm) / num_tokens, computed on the gradients' device."""
+        """(1,): min(1, theta / global norm) / num_tokens, computed on the gradients' device;
+        NaN when the global norm is not finite (the update is then skipped)."""
         grads = grads or self.devices[0][2]
         sum_sq = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))  # (num_params,)
         norm = mx.nd.sqrt(mx.nd.sum(sum_sq))  # (1,)
         coef = mx.nd.minimum(self.theta / norm, 1.0)  # theta / norm only if norm > theta
+        if self.trainer._scale != 1:  # the Trainer's own rescale_grad, as trainer.step uses it
+            coef = coef * self.trainer._scale
         if isinstance(num_tokens, (int, float)):
-            return coef / num_tokens
-        return coef / num_tokens.as_nd_ndarray().astype("float32")
+            rescale = coef / num_tokens
+        else:
+            rescale = coef / num_tokens.as_nd_ndarray().astype("float32")
+        return rescale + 0 * norm  # + 0 when the norm is finite, NaN when it is not
+
+    def health(self):
+        """(2,) device array: ``[updates skipped for a non-finite gradient norm, the number of
+        the first one]`` (0 when none). Reading it is the caller's (one) host sync."""
+        return self._health
 
     def __call__(self, num_tokens):
         opt = self.opt
-        for device_id, weights, grads, means, variances in self.devices:
+        for k, (device_id, weights, grads, means, variances) in enumerate(self.devices):
             opt._set_current_context(device_id)  # the update counts are per device, as in MXNet
             opt._update_count(self.indices)
             t = opt._index_update_count[self.indices[0]]
             bias = math.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t)  # as Adam.update
             lrs = [lr * bias for lr in opt._get_lrs(self.indices)]
             wds, rescale = opt._get_wds(self.indices), self.rescale(num_tokens, grads)
+            if k == 0:
+                skipped = rescale != rescale  # (1,): 1 when NaN
+                first = mx.nd.where(self._health[1:] > 0, self._health[1:], skipped * t)
+                self._health[:] = mx.nd.concat(self._health[:1] + skipped, first, dim=0)
+            if any(wds):  # MXNet's Adam: grad * rescale_grad + wd * weight, then the moments
+                for g, w, wd in zip(grads, weights, wds):
+                    g[:] = mx.nd.broadcast_mul(g, rescale) + wd * w
+                rescale, wds = rescale * 0 + 1, [0.0] * len(wds)  # 1, or NaN to skip
             for i in range(0, len(weights), self.MAX_FUSED):  # 64 parameters: 2 calls
                 part = slice(i, i + self.MAX_FUSED)
                 mx.nd.contrib.multi_adamw_update(
@@ -117,7 +148,7 @@ class WarmupInverseSqrt(mx.lr_scheduler.LRScheduler):
 def make_trainer(model, lr, warmup_steps=0, kvstore=None):
     """The chapter's Adam trainer; with ``warmup_steps > 0`` on the paper's schedule.
 
-    ``kvstore`` (issue 6): ``None``/``"device"`` (gradients of several devices summed in this
+    ``kvstore``: ``None``/``"device"`` (gradients of several devices summed in this
     process) or a dist kvstore from `distributed.create_kvstore`. Updates never run on the
     kvstore (``update_on_kvstore=False``): see `distributed`.
     """

@@ -1,15 +1,16 @@
 """One training step, three ways with the same arithmetic: imperative (the chapter's), one
 hybridized graph (`TrainGraph`), and data-parallel over several devices or workers."""
 
+import mxnet as mx
 from mxnet import autograd, gluon
 
-from .. import kernels
+from .. import _graphs, kernels
 from .loss import MaskedSoftmaxCELoss
 from .optim import ClipAdam, _clip_global
 
 
 class TrainGraph(gluon.HybridBlock):
-    """Fast path (issue 4): encoder + causal graph decoder + masked loss as ONE hybrid graph.
+    """Fast path: encoder + causal graph decoder + masked loss as ONE hybrid graph.
 
     Holds the model's own encoder/decoder (no copied model code); returns the (batch,) loss.
     """
@@ -23,14 +24,29 @@ class TrainGraph(gluon.HybridBlock):
     def hybrid_forward(self, F, X, X_vlen, Y_input, Y_label, Y_vlen):
         enc_outputs = self.encoder(X, X_vlen)  # (batch, num_steps, d)
         Y_hat = self.decoder(Y_input, enc_outputs, X_vlen)  # (batch, num_steps - 1, vocab)
+        if F is mx.sym and self._fused_loss():  # the same loss and gradient in one CPU operator
+            return kernels.softmax_ce(F, Y_hat, Y_label, Y_vlen, self.loss.label_smoothing,
+                                      self.loss.reduction == "token")  # (batch,)
         return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+
+    def _fused_loss(self):
+        """True when the graph is traced with the kernels and the loss is a label-smoothed or
+        per-token `MaskedSoftmaxCELoss` with SoftmaxCELoss's defaults (`kernels.softmax_ce`:
+        MXNet's log_softmax backward and mean over the vocabulary dominate such a step). The
+        chapter's own loss keeps MXNet's operators: its fast path's validated numbers."""
+        loss = self.loss
+        return (kernels.active() and type(loss) is MaskedSoftmaxCELoss and loss._axis == -1
+                and loss._sparse_label and not loss._from_logits and loss._weight is None
+                and loss._batch_axis == 0 and loss.reduction in ("book", "token")
+                and (loss.label_smoothing > 0 or loss.reduction == "token"))
 
 
 def _fast_step(model, trainer, loss):
-    """The fast path's train step (issue 4): one hybridized graph, `ClipAdam` (or one-pass
+    """The fast path's train step: one hybridized graph, `ClipAdam` (or one-pass
     clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
-    device. Same signature and meaning as the faithful step in `train_s2s_ch8`."""
-    graph = TrainGraph(model, loss)
+    device. Same signature and meaning as the faithful step in `train_s2s_ch8`. The graph is
+    traced again when a block in it changes (`_graphs`: DropHead rate, pruning, kernels)."""
+    graph = _graphs.track(TrainGraph(model, loss))
     graph.hybridize(static_alloc=True, static_shape=True)
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first step's deferred initialisation
@@ -39,7 +55,7 @@ def _fast_step(model, trainer, loss):
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
         with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
-            l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l = _graphs.call(graph, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
         l.backward()
         num_tokens = Y_vlen.sum()
         if not update:
@@ -50,11 +66,13 @@ def _fast_step(model, trainer, loss):
             _clip_global(params, 1)
             trainer.step(num_tokens)
         return l.sum(), num_tokens  # stay on the device
+
+    step.health = lambda: update[0].health() if update and update[0] is not None else None
     return step
 
 
 def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
-    """Data parallelism (issue 6): the same step as on one device, on several at once.
+    """Data parallelism: the same step as on one device, on several at once.
 
     The batch is split across ``ctxs`` (`gluon.utils.split_and_load`); every device runs the
     forward and backward passes on its part (the hybridized `TrainGraph` with ``fast``);
@@ -67,7 +85,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first allreduce (the kvstore exists then)
     if fast:
-        graph = TrainGraph(model, loss)
+        graph = _graphs.track(TrainGraph(model, loss))
         graph.hybridize(static_alloc=True, static_shape=True)
     else:
         def graph(X, X_vlen, Y_input, Y_label, Y_vlen):
@@ -80,7 +98,8 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
         with autograd.record(), kernels.fused(used):
-            losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device
+            losses = [_graphs.call(graph, *part) if fast else graph(*part)
+                      for part in zip(*parts)]  # (batch_i,) per device
         autograd.backward(losses)
         for c in ctxs[len(used):]:  # devices without data add nothing to the sum
             for p in params:
@@ -88,7 +107,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
                 p.data(c)._fresh_grad = True  # and are updated like the others
         trainer.allreduce_grads()  # every device now holds the sum over devices and workers
         num_tokens = float(Y_vlen.sum())
-        if not update:  # fused clip + Adam on every device (issue 4's ClipAdam) when it applies
+        if not update:  # fused clip + Adam on every device (`ClipAdam`) when it applies
             update.append(ClipAdam(trainer, params, 1, ctxs) if fast and ClipAdam.supports(trainer)
                           else None)
         if update[0] is not None:
@@ -99,4 +118,6 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
                                              check_isfinite=False)
             trainer.update(global_tokens(num_tokens)[0])
         return sum(float(l.sum()) for l in losses), num_tokens
+
+    step.health = lambda: update[0].health() if update and update[0] is not None else None
     return step

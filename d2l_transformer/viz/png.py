@@ -40,36 +40,20 @@ def plot_loss(history, path, num_epochs=None, label=None):
 def attention_maps(model, src_tokens, tgt_tokens, src_vocab, tgt_vocab, num_steps, ctx):
     """The attention weights of every layer and head for one sentence and its translation.
 
-    Runs the encoder on the source and the decoder once on ``<bos> y_1 ... y_m`` (teacher
-    forcing on the given translation), reading each DotProductAttention's `attention_weights`
-    (stored on imperative calls). Returns ``{kind: (weights, row_labels, column_labels)}`` for
-    kind in ``encoder``, ``decoder``, ``encoder-decoder``; weights: (layers, heads, rows, cols)
-    as NumPy arrays. Decoder rows are labelled with the token each position predicts
-    (``y_1 ... y_m <eos>``); padding columns are cut off.
+    From `Translator.attention` (one teacher-forced pass over ``<bos> y_1 ... y_m``). Returns
+    ``{kind: (weights, row_labels, column_labels)}`` for kind in ``encoder``, ``decoder``,
+    ``encoder-decoder``; weights: (layers, heads, rows, cols) as NumPy arrays. Decoder rows are
+    labelled with the token each position predicts (``y_1 ... y_m <eos>``).
     """
     import numpy as onp
-    from mxnet import np
 
-    from ..inference.beam import encode
+    from ..inference.translator import Translator
 
-    n, h = len(src_tokens), model.encoder.blks[0].attention.num_heads
-    enc_outputs, enc_valid_length = encode(model, [src_tokens], src_vocab, num_steps, ctx)
-    enc = [blk.attention.attention.attention_weights.asnumpy() for blk in model.encoder.blks]
-    state = model.decoder.init_state(enc_outputs, enc_valid_length)
-    dec_in = ["<bos>"] + list(tgt_tokens)
-    model.decoder(np.array([tgt_vocab[dec_in]], ctx=ctx), state)  # (1, m + 1) ids
-    dec, cross = [], []
-    for blk in model.decoder.blks:
-        dec.append(blk.attention_1.attention.attention_weights.asnumpy())
-        cross.append(blk.attention_2.attention.attention_weights.asnumpy())
-    m1 = len(dec_in)
-    # each: (batch * heads, queries, keys) with batch 1 -> (layers, heads, rows, cols)
-    stack = lambda ws, rows, cols: onp.stack([w.reshape(h, w.shape[-2], w.shape[-1])[:, :rows, :cols]
-                                               for w in ws])
-    rows_out = list(tgt_tokens) + ["<eos>"]
-    return {"encoder": (stack(enc, n, n), list(src_tokens), list(src_tokens)),
-            "decoder": (stack(dec, m1, m1), rows_out, dec_in),
-            "encoder-decoder": (stack(cross, m1, n), rows_out, list(src_tokens))}
+    att = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=num_steps).attention(
+        src_tokens, tgt_tokens)
+    return {"encoder": (onp.array(att["encoder"]), att["src_tokens"], att["src_tokens"]),
+            "decoder": (onp.array(att["decoder"]), att["out_tokens"], att["tgt_tokens"]),
+            "encoder-decoder": (onp.array(att["cross"]), att["out_tokens"], att["src_tokens"])}
 
 
 def plot_attention(weights, row_labels, col_labels, path, title=""):

@@ -1,0 +1,57 @@
+"""Cached graphs stay fresh when a block they contain changes what it computes.
+
+A hybridized block traces its computation once (`HybridBlock._cached_op`). A block that changes
+its own computation (`MultiHeadAttention.set_drophead`, `_BlockStack.prune`) can clear its own
+graph, but not the graph of a block that contains it — the fast training step's `TrainGraph`,
+the translator's encoder and step graphs. Here:
+
+* `track(graph)` registers `graph`, and every hybrid block inside it, as containing each of
+  its descendants (weakly: nothing is kept alive);
+* `invalidate(block)` clears the cached graph of `block` and of every tracked block that
+  contains it: the next call traces again, with the change;
+* `call(graph, *args)` runs `graph`, first clearing it if it was traced with the fused CPU
+  kernels switched the other way (`kernels.active()`, e.g. ``D2L_TRANSFORMER_KERNELS=0``).
+"""
+
+import weakref
+
+from . import kernels
+
+_CONTAINERS = weakref.WeakKeyDictionary()  # block -> WeakSet of tracked blocks containing it
+
+
+def _walk(block):
+    """`block` and all its descendants."""
+    yield block
+    for child in block._children.values():
+        yield from _walk(child)
+
+
+def track(graph):
+    """Register `graph` and each hybrid block inside it as containing their descendants."""
+    for outer in _walk(graph):
+        if hasattr(outer, "_clear_cached_op"):  # a HybridBlock: it may hold a graph
+            for inner in _walk(outer):
+                _CONTAINERS.setdefault(inner, weakref.WeakSet()).add(outer)
+    return graph
+
+
+def invalidate(block):
+    """`block` computes something else now: drop its graph and every tracked one containing it."""
+    block._clear_cached_op()
+    for outer in list(_CONTAINERS.get(block, ())):
+        outer._clear_cached_op()
+
+
+def traced_with(graph):
+    """Whether `graph` was (last) called with the fused kernels on; None if never by `call`."""
+    return getattr(graph, "_traced_with_kernels", None)
+
+
+def call(graph, *args):
+    """``graph(*args)``, traced again first if the kernel switch differs from its trace's."""
+    mode = kernels.active()
+    if getattr(graph, "_traced_with_kernels", mode) != mode:
+        graph._clear_cached_op()
+    graph._traced_with_kernels = mode
+    return graph(*args)

@@ -1,0 +1,160 @@
+"""Text <-> tokens: d2l's lower-cased words (the chapter, d2l 9.5) or sentencepiece subwords.
+
+A tokenizer turns a source sentence into the model's source tokens (``encode``), a target
+sentence into target tokens (``encode_target``, for training), and the model's target tokens
+back into text (``decode``); ``detokenize`` maps decoded text to the form that is scored (see
+docs/data.md and docs/evaluation.md).
+
+Subwords (Kudo & Richardson 2018, sentencepiece): one unigram model per language, trained on the
+training part only, on cased text. Separate rather than shared vocabularies because the model
+has separate source and target embeddings (nothing is tied, so a joint vocabulary would buy no
+shared parameters) and the target softmax costs O(vocabulary) per token on a CPU: a joint model
+of 2V pieces would spend half of its output layer on English-only pieces. ``byte_fallback`` with
+``character_coverage=1.0`` spells any character the training text lacks as UTF-8 byte pieces,
+so ordinary input never becomes ``<unk>``. The model ids ARE the vocabulary ids: sentencepiece
+is told ``<unk>=0, <pad>=1, <bos>=2, <eos>=3`` (the chapter's `Vocab` layout), and the `Vocab`
+of a tokenizer is the list of its pieces in id order.
+"""
+
+import io
+import os
+import re
+
+from .text import RESERVED_TOKENS, Vocab, preprocess_fast
+
+SPM_SRC, SPM_TGT = "spm_src.model", "spm_tgt.model"  # file names inside a model directory
+TOKENIZERS = ("word", "subword")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be built or loaded; the message is one line."""
+
+
+_SPACE_BEFORE_STOP = re.compile(r" ([.,])")
+
+
+def detokenize_words(text):
+    """d2l's tokenized French back to text: drop the space `preprocess_nmt` puts before ``.``
+    and ``,``. French typography keeps a space before ``! ? : ;`` (fra.txt has one in 98% of
+    the cases), so those stay. On fra.txt this restores 167,078 of the 167,130 lower-cased
+    targets exactly (the rest are ``bord!``-style lines without that space)."""
+    return _SPACE_BEFORE_STOP.sub(r"\1", text)
+
+
+class WordTokenizer:
+    """The chapter's pipeline (d2l 9.5): ``preprocess_nmt(text).split()`` (computed by
+    `preprocess_fast`), tokens joined with spaces. Lower-cased, so its output is scored
+    case-insensitively (``lowercase``)."""
+
+    kind, lowercase = "word", True
+
+    def encode(self, text):
+        return preprocess_fast(text).split()
+
+    encode_target = encode
+
+    def decode(self, tokens):
+        return " ".join(tokens)
+
+    def detokenize(self, text):
+        return detokenize_words(text)
+
+    def files(self):
+        return {}
+
+
+class SubwordTokenizer:
+    """sentencepiece models for the source and target languages (paths or serialized bytes).
+
+    ``encode`` gives pieces (``"▁Hello"``), ``decode`` joins pieces back into detokenized text;
+    ``src_vocab()`` / ``tgt_vocab()`` are the `Vocab` of the model ids (piece ``i`` is id ``i``).
+    """
+
+    kind, lowercase = "subword", False
+
+    def __init__(self, src_model, tgt_model=None):
+        import sentencepiece as spm
+        self._protos = []
+        self._models = []
+        for model in (src_model, src_model if tgt_model is None else tgt_model):
+            if isinstance(model, (str, os.PathLike)):
+                try:
+                    with open(model, "rb") as f:
+                        model = f.read()
+                except OSError as e:
+                    raise TokenizerError(f"cannot read sentencepiece model {model}: {e.strerror}") from None
+            try:
+                sp = spm.SentencePieceProcessor(model_proto=model)
+            except (RuntimeError, OSError, TypeError) as e:
+                raise TokenizerError(f"not a sentencepiece model: {str(e).splitlines()[0]}") from None
+            pieces = [sp.id_to_piece(i) for i in range(4)]
+            if pieces != ["<unk>"] + RESERVED_TOKENS:
+                raise TokenizerError(f"sentencepiece model has ids 0-3 = {pieces}, not "
+                                     f"{['<unk>'] + RESERVED_TOKENS}")
+            self._protos.append(bytes(model))
+            self._models.append(sp)
+        self.src, self.tgt = self._models
+
+    @classmethod
+    def train(cls, source, target, vocab_size):
+        """Train one unigram model per language on these sentences (the training part), with
+        at most `vocab_size` pieces each (fewer when the text has fewer).
+
+        One thread: sentencepiece's unigram training is deterministic for a given thread count
+        but differs between counts, and the model must be the same on every machine."""
+        import sentencepiece as spm
+        protos = []
+        for sentences in (source, target):
+            buffer = io.BytesIO()
+            try:
+                spm.SentencePieceTrainer.train(
+                    sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
+                    model_type="unigram", character_coverage=1.0, byte_fallback=True,
+                    unk_id=0, pad_id=1, bos_id=2, eos_id=3, unk_piece="<unk>", pad_piece="<pad>",
+                    bos_piece="<bos>", eos_piece="<eos>", num_threads=1, minloglevel=2,
+                    hard_vocab_limit=False)  # a small corpus gets fewer pieces, not an error
+            except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
+                raise TokenizerError(f"sentencepiece training failed: {str(e).splitlines()[0]}") from None
+            protos.append(buffer.getvalue())
+        return cls(*protos)
+
+    def encode(self, text):
+        return self.src.encode(text, out_type=str)
+
+    def encode_target(self, text):
+        return self.tgt.encode(text, out_type=str)
+
+    def decode(self, tokens):
+        return self.tgt.decode_pieces(list(tokens))
+
+    def detokenize(self, text):
+        return text
+
+    @staticmethod
+    def _vocab(sp):
+        return Vocab.from_dict({"idx_to_token": [sp.id_to_piece(i) for i in range(sp.get_piece_size())]})
+
+    def src_vocab(self):
+        return self._vocab(self.src)
+
+    def tgt_vocab(self):
+        return self._vocab(self.tgt)
+
+    def files(self):
+        """``{file name: bytes}`` to keep in a model directory."""
+        return {SPM_SRC: self._protos[0], SPM_TGT: self._protos[1]}
+
+
+def load_tokenizer(model_dir, cfg):
+    """The tokenizer a model directory was trained with (``cfg.tokenizer``; config.json
+    without that field is the chapter's word-level pipeline)."""
+    kind = getattr(cfg, "tokenizer", "word")
+    if kind == "word":
+        return WordTokenizer()
+    if kind != "subword":
+        raise TokenizerError(f"unknown tokenizer {kind!r}: use one of {', '.join(TOKENIZERS)}")
+    paths = [os.path.join(model_dir, name) for name in (SPM_SRC, SPM_TGT)]
+    for path in paths:
+        if not os.path.exists(path):
+            raise TokenizerError(f"model directory {model_dir} has no {os.path.basename(path)}")
+    return SubwordTokenizer(*paths)

@@ -1,0 +1,201 @@
+"""A trained model in MXNet's deployment format: two graphs any MXNet 1.9 program can load.
+
+`export(model_dir, out_dir)` writes::
+
+    encoder-symbol.json, encoder-0000.params
+        `model.EncoderKV`: source ids and valid lengths -> each decoder block's keys and values
+        of the encoder's output (projected once per sentence)
+    decoder_step-symbol.json, decoder_step-0000.params
+        `model.DecoderStep`, the translator's step graph: one target position with the
+        key/value caches -> the next token's log-probabilities and the updated caches
+    src_vocab.json, tgt_vocab.json, config.json    copied from the model directory
+    *.model                                        its tokenizer files (sentencepiece), if any
+    manifest.json    versions, the graphs' inputs and outputs (names, shapes, meaning), the
+                     decoding conventions, size and SHA-256 of every file
+
+Both graphs are traced without the package's fused CPU kernels, so they contain MXNet's own
+operators only; they load with ``mx.gluon.SymbolBlock.imports`` (numpy mode, ``npx.set_np()``).
+scripts/exported_translate.py decodes with them using nothing of this package; docs/export.md
+shows how to call them from another program.
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+
+import mxnet as mx
+from mxnet import np
+
+from ..io import atomic, checkpoint
+from ..model import DecoderStep, EncoderKV
+from .translator import EXTRA_LENGTH, _hybridize_alone, _run
+
+FORMAT = "d2l_transformer export 1"
+ENCODER, STEP = "encoder", "decoder_step"
+TOKENIZER_SUFFIXES = (".model", ".vocab")  # sentencepiece's files
+
+
+class ExportError(ValueError):
+    """The model cannot be exported there; the message is one line."""
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _io_spec(num_layers, hidden, vocab):
+    """The two graphs' inputs and outputs, in MXNet's order (``data0``, ``data1``, ...)."""
+    per_layer_enc = [(f"enc_keys_{i}", ["batch", "source_length", hidden],
+                      f"block {i}'s encoder-decoder keys") for i in range(num_layers)]
+    enc_outputs = []
+    for i in range(num_layers):
+        enc_outputs += [per_layer_enc[i],
+                        (f"enc_values_{i}", ["batch", "source_length", hidden],
+                         f"block {i}'s encoder-decoder values")]
+    encoder = {
+        "inputs": [("source", ["batch", "source_length"],
+                    "source token ids (float32), padded with <pad>"),
+                   ("valid_length", ["batch"], "number of source tokens of each row (float32)")],
+        "outputs": enc_outputs}
+    caches, new_caches = [], []
+    for i in range(num_layers):
+        caches += [(f"self_keys_{i}", ["rows", "max_length", hidden],
+                    f"block {i}'s self-attention keys, newest position first (zeros at start)"),
+                   (f"self_values_{i}", ["rows", "max_length", hidden],
+                    f"block {i}'s self-attention values, newest position first"),
+                   (f"enc_keys_{i}", ["rows", "source_length", hidden], "from the encoder graph"),
+                   (f"enc_values_{i}", ["rows", "source_length", hidden], "from the encoder graph")]
+        new_caches += [(f"self_keys_{i}", ["rows", "max_length", hidden], "next step's input"),
+                       (f"self_values_{i}", ["rows", "max_length", hidden], "next step's input")]
+    step = {
+        "inputs": [("tokens", ["rows", 1], "the token at this position (float32); <bos> first"),
+                   ("position", [1], "this position, 0 for <bos> (float32)"),
+                   ("valid_length", ["rows"], "number of source tokens of each row (float32)"),
+                   *caches],
+        "outputs": [("log_probs", ["rows", vocab], "log-probabilities of the next token"),
+                    *new_caches]}
+
+    def named(spec):
+        return {"inputs": [{"name": f"data{i}", "role": r, "shape": s, "meaning": m}
+                           for i, (r, s, m) in enumerate(spec["inputs"])],
+                "outputs": [{"index": i, "role": r, "shape": s, "meaning": m}
+                            for i, (r, s, m) in enumerate(spec["outputs"])]}
+    return {ENCODER: named(encoder), STEP: named(step)}
+
+
+def _trace_and_export(model, cfg, src_vocab, tgt_vocab, directory, ctx):
+    """Build both graphs (MXNet's operators only), run them once and export them."""
+    model_x = np.array([[src_vocab["<pad>"]] * cfg.num_steps], ctx=ctx)  # (1, num_steps)
+    valid = np.array([cfg.num_steps], ctx=ctx)  # (1,)
+    encoder = _hybridize_alone(EncoderKV(model))
+    step = _hybridize_alone(DecoderStep(model.decoder))
+    with ctx:
+        kv = list(_run(encoder, model_x, valid))
+        empty = np.zeros((1, 2, kv[0].shape[-1]), ctx=ctx)  # (rows, max_length, hidden)
+        caches = []
+        for i in range(0, len(kv), 2):
+            caches += [empty, empty, kv[i], kv[i + 1]]
+        _run(step, np.array([[tgt_vocab["<bos>"]]], ctx=ctx), np.array([0], ctx=ctx), valid,
+             *caches)
+        mx.nd.waitall()
+    for graph, name in ((encoder, ENCODER), (step, STEP)):
+        if "d2t_" in graph._cached_graph[1].tojson():  # our own bug: a kernel in the graph
+            raise RuntimeError(f"the exported {name} graph contains a fused kernel")
+        graph.export(os.path.join(directory, name), epoch=0)
+    return len(kv) // 2, kv[0].shape[-1]
+
+
+def export(model_dir, out_dir, ctx=None):
+    """Export the model directory `model_dir` into `out_dir` (created; a previous export there
+    is replaced). Returns the manifest (a dict).
+
+    Raises `checkpoint.CheckpointError` for a model directory that cannot be loaded and
+    `ExportError` for a model that cannot be exported (the chapter's exact model) or an
+    `out_dir` that holds something else than an export."""
+    ctx = ctx or mx.cpu()
+    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir, ctx)
+    if cfg.exact_chapter:
+        raise ExportError("export needs the corrected model; this one was trained with "
+                          "--exact-chapter (the step graph is the corrected decoder's)")
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or (
+            os.listdir(out_dir) and not _is_export(out_dir))):
+        raise ExportError(f"{out_dir} exists and is not an export directory; choose another")
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    try:
+        num_layers, hidden = _trace_and_export(model, cfg, src_vocab, tgt_vocab, tmp, ctx)
+        source_dir = atomic.resolve_dir(model_dir)
+        copied = [checkpoint.SRC_VOCAB, checkpoint.TGT_VOCAB, checkpoint.CONFIG]
+        copied += sorted(n for n in os.listdir(source_dir) if n.endswith(TOKENIZER_SUFFIXES))
+        for name in copied:
+            shutil.copyfile(os.path.join(source_dir, name), os.path.join(tmp, name))
+        manifest = _manifest(tmp, cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary)
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, ensure_ascii=False)
+        old = None
+        if os.path.exists(out_dir):  # a previous export (or an empty directory): swap it out
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+            os.rmdir(old)
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _is_export(directory):
+    try:
+        with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _manifest(directory, cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
+    from .. import __version__
+    files = {name: {"bytes": os.path.getsize(os.path.join(directory, name)),
+                    "sha256": _sha256(os.path.join(directory, name))}
+             for name in sorted(os.listdir(directory))}
+    graphs = _io_spec(num_layers, hidden, len(tgt_vocab))
+    for name in (ENCODER, STEP):
+        graphs[name].update(symbol=f"{name}-symbol.json", params=f"{name}-0000.params")
+    return {
+        "format": FORMAT,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "mxnet_version": mx.__version__,
+        "d2l_transformer_version": __version__,
+        "numpy_mode": True,  # load with mx.npx.set_np()
+        "dtype": "float32",
+        "graphs": graphs,
+        "model": {"layers": num_layers, "hidden_size": hidden, "num_heads": cfg.num_heads,
+                  "source_vocab_size": len(src_vocab), "target_vocab_size": len(tgt_vocab),
+                  "max_positions": model.decoder.pos_encoding.max_len,
+                  "tokenizer": getattr(cfg, "tokenizer", "word"),
+                  "preset": summary.get("preset")},
+        "special_tokens": {t: src_vocab[t] for t in ("<unk>", "<pad>", "<bos>", "<eos>")},
+        "target_special_tokens": {t: tgt_vocab[t] for t in ("<unk>", "<pad>", "<bos>", "<eos>")},
+        "decoding": {
+            "source": f"ids padded with <pad> to max({cfg.num_steps}, the batch's longest), "
+                      "never cut; valid_length = number of tokens; no <eos> appended",
+            "num_steps": cfg.num_steps,
+            "max_length": f"at most max({cfg.num_steps}, source length + {EXTRA_LENGTH}) "
+                          "tokens, the package's default",
+            "step": "position t (0 = <bos>): feed the token at t, read log_probs of the token "
+                    "at t + 1; the self caches come back updated (shifted by one, the new "
+                    "position first) and are fed to the next step; the encoder caches are "
+                    "fed unchanged; a translation ends at <eos>",
+        },
+        "files": files,
+    }

@@ -1,0 +1,343 @@
+"""Translating with a trained model: greedy and beam search over one key/value-cache step graph,
+and the attention weights of a translation (the corrected model of d2l 9.3).
+
+**The source** (`Translator.encode_source`, the only encoding of a source anywhere): tokens ->
+ids (unknown words -> ``<unk>``; no ``<eos>`` is appended, the chapter's sources have none),
+each sentence padded with ``<pad>`` to max(`num_steps`, the batch's longest) and never
+truncated; its valid length is its number of tokens. The encoder masks the padding, so a
+sentence's translation does not depend on the other sentences of its batch.
+
+**The search** is the beam search of gluonnlp 0.10's ``BeamSearchSampler`` with GNMT's score
+(Wu et al. 2016; the Transformer paper, 6.1, uses beam 4 and alpha 0.6): a hypothesis Y scores
+``log P(Y | x) / lp(|Y|)``, ``lp = ((5 + |Y|) / 6) ** alpha``, |Y| counting ``<eos>``. At every
+step each live beam proposes its `beam_size` best next tokens, which compete with the finished
+beams for the sentence's `beam_size` places. Beams are batch rows: one step graph
+(`model.DecoderStep` with a key/value cache, static shapes) runs on (sentences x beams) rows;
+the self-attention caches follow their beams (``take`` at the start of the next step); the
+encoder's keys and values (`model.EncoderKV`) are projected once per sentence. Greedy decoding
+is beam size 1 — the same code, so beam 1 is greedy token for token and score for score. A
+sentence emits at most `max_length` tokens (an unfinished hypothesis is scored without
+``<eos>``); a batch stops when all its beams have finished.
+
+One host read per step: the step's log-probabilities, from which NumPy picks each row's best
+tokens (on a CPU this is a memory copy; MXNet's CPU ``topk``/``argmax`` reduce each row in one
+thread and took ~5x longer than the copy and NumPy's ``argmax`` together). The bookkeeping of
+the beams is a few NumPy operations on (sentences, beams, beams) arrays.
+"""
+
+import collections
+import warnings
+import weakref
+
+import numpy as onp
+from mxnet import np
+from mxnet.gluon import nn
+
+from .. import _graphs, kernels
+from ..data import truncate_pad
+from ..model import DecoderStep, EncoderKV
+
+BEAM_SIZE, ALPHA = 4, 0.6  # the paper's (6.1)
+NEG = onp.float32(-1e18)  # the score of an impossible candidate (gluonnlp's LARGE_NEGATIVE_FLOAT)
+EXTRA_LENGTH = 10  # max_length=None: a sentence may emit max(num_steps, its length + 10) tokens
+Hypothesis = collections.namedtuple("Hypothesis", ["tokens", "score"])
+Hypothesis.__doc__ = "A translation: target tokens (no <bos>/<eos>) and its length-penalised score."
+
+
+def length_penalty(length, alpha=ALPHA):
+    """``((5 + |Y|) / 6) ** alpha`` (GNMT), the divisor of a hypothesis' log-probability."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _hybridize_alone(graph, static=True):
+    """Hybridize `graph` only. MXNet's ``hybridize`` recurses into the children, which would
+    leave the user's own model hybridized; the graph is traced through them all the same."""
+    children = graph._children
+    graph._children = collections.OrderedDict()
+    try:
+        graph.hybridize(static_alloc=static, static_shape=static)
+    finally:
+        graph._children = children
+    return graph
+
+
+def _run(graph, *args):
+    """A cached graph's call (`_graphs.call`); the first call traces it, when the weights a
+    graph does not use (the other side's) draw Gluon's "not used" warning: no news here."""
+    if graph._cached_op is not None and _graphs.traced_with(graph) == kernels.active():
+        return _graphs.call(graph, *args)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Parameter .* is not used", UserWarning)
+        return _graphs.call(graph, *args)
+
+
+_GRAPHS = weakref.WeakKeyDictionary()  # model -> {key: its graph}, built once
+
+
+def _graph(model, key, build, static=True):
+    graphs = _GRAPHS.setdefault(model, {})
+    if key not in graphs:
+        graphs[key] = _graphs.track(_hybridize_alone(build(), static))
+    return graphs[key]
+
+
+class _BeamStep(nn.HybridBlock):
+    """`DecoderStep` with the self-attention caches first reordered to follow their beams:
+    ``(control (B*k, 2), position, enc_valid_length, *caches) -> (log_probs, *self_caches)``;
+    control holds each row's token and the row of the old caches it continues (one upload)."""
+
+    def __init__(self, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.step = DecoderStep(decoder)
+
+    def hybrid_forward(self, F, control, position, enc_valid_length, *caches):
+        tokens = control[:, 0:1]  # (B*k, 1)
+        rows = control[:, 1].astype("int32")  # (B*k,)
+        caches = list(caches)
+        for i in range(0, len(caches), 4):  # self keys, self values; the encoder's stay
+            caches[i] = F.np.take(caches[i], rows, axis=0)  # (B*k, max_len, hidden)
+            caches[i + 1] = F.np.take(caches[i + 1], rows, axis=0)
+        return self.step(tokens, position, enc_valid_length, *caches)
+
+
+class _AttentionProbe(nn.HybridBlock):
+    """One teacher-forced pass (encoder, causal graph decoder) whose outputs are the attention
+    weights of every active block: encoder self, decoder self, encoder-decoder, each
+    (heads, queries, keys) for a batch of one."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = model.encoder
+        self.decoder = model.decoder
+
+    def hybrid_forward(self, F, X, valid_length, Y):
+        enc_outputs = self.encoder(X, valid_length)  # (1, T, d)
+        self.decoder(Y, enc_outputs, valid_length)  # (1, m + 1, vocab), unused
+        weights = [blk.attention.attention.attention_weights
+                   for blk in self.encoder._active_blocks()]
+        for name in ("attention_1", "attention_2"):
+            weights += [getattr(blk, name).attention.attention_weights
+                        for blk in self.decoder._active_blocks()]
+        return tuple(weights)  # each (heads, queries, keys)
+
+
+def _row_top_k(log_probs, k):
+    """The k largest entries of each row of log_probs (R, V), best first: (values, ids), each
+    (R, k). Overwrites log_probs (a copy read from the device)."""
+    rows = onp.arange(log_probs.shape[0])
+    values, ids = onp.empty((len(rows), k), "float32"), onp.empty((len(rows), k), "int64")
+    for j in range(k):
+        ids[:, j] = log_probs.argmax(axis=1)
+        values[:, j] = log_probs[rows, ids[:, j]]
+        log_probs[rows, ids[:, j]] = -onp.inf
+    return values, ids
+
+
+def _beam_update(log_probs, scores, alive, k, prev_lp, lp):
+    """One step of gluonnlp's ``_BeamSearchStepUpdate``, in float32 like its scorer.
+
+    log_probs: (B*k, V); scores: (B, k), length-normalised; alive: (B, k) bool. Returns
+    ``(scores, words, parents)``, each (B, k), best first: words is -1 where a finished beam
+    keeps its place, parents the beam each new beam continues. Each live beam's k best tokens
+    are the only ones of it that can be among its sentence's k best candidates."""
+    B = scores.shape[0]
+    values, ids = _row_top_k(log_probs, k)  # (B*k, k)
+    cand = (values.reshape(B, k, k) + (scores * prev_lp)[:, :, None]) / lp  # GNMT, (B, k, k)
+    cand = onp.where(alive[:, :, None], cand, NEG)
+    finished = onp.where(alive, NEG, scores)  # a finished beam competes with its score
+    allc = onp.concatenate([cand.reshape(B, k * k), finished], axis=1)  # (B, k*k + k)
+    pos = onp.argsort(-allc, axis=1, kind="stable")[:, :k]  # (B, k), best first
+    new_scores = onp.take_along_axis(allc, pos, axis=1)
+    kept = pos >= k * k
+    parents = onp.where(kept, pos - k * k, pos // k)
+    words = onp.where(kept, -1, onp.take_along_axis(ids.reshape(B, k * k),
+                                                    onp.where(kept, 0, pos), axis=1))
+    return new_scores, words, parents
+
+
+class Translator:
+    """Batched greedy and beam-search translation of token lists, and attention weights.
+
+    ``Translator(model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
+    batch_size=64)``: `num_steps` is the narrowest source encoding (the chapter pads to it);
+    `max_length` the most tokens a translation may have (None: max(num_steps, source length
+    + 10) per sentence); `batch_size` sentences are decoded together. The graphs (source side,
+    decoding step, attention pass) are built once per model and device type and hybridized
+    alone (the model's own blocks are left as they are); on a CPU they are traced with the
+    fused kernels (`kernels.fused`). Corrected model only: a model built with
+    ``exact_chapter=True`` decodes with the chapter's `predict_s2s_ch8`. One call at a time per
+    model: the graphs are shared, and MXNet 1.9 does not run a cached graph from two threads.
+    """
+
+    def __init__(self, model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
+                 batch_size=64):
+        if getattr(model.decoder, "exact_chapter", False):
+            raise ValueError("the translator needs the corrected model; a model built with "
+                             "exact_chapter=True decodes with predict_s2s_ch8 (the chapter's loop)")
+        if batch_size < 1 or num_steps < 1 or (max_length is not None and max_length < 1):
+            raise ValueError("batch_size, num_steps and max_length must be at least 1")
+        self.model, self.src_vocab, self.tgt_vocab, self.ctx = model, src_vocab, tgt_vocab, ctx
+        self.num_steps, self.max_length, self.batch_size = num_steps, max_length, batch_size
+        self.max_source = model.encoder.pos_encoding.max_len
+        self.max_target = model.decoder.pos_encoding.max_len
+        if max_length is not None and max_length > self.max_target:
+            raise ValueError(f"max_length {max_length} is longer than the model's "
+                             f"{self.max_target} positions")
+        self.pad, self.bos, self.eos = src_vocab["<pad>"], tgt_vocab["<bos>"], tgt_vocab["<eos>"]
+
+    # ------------------------------------------------------------------------------ the source
+    def encode_source(self, sentences):
+        """Token lists -> ``(X (batch, width), valid_length (batch,))`` on the device: ids
+        padded to width = max(num_steps, longest), never truncated."""
+        ids = [self.src_vocab[list(tokens)] for tokens in sentences]
+        for i, t in enumerate(ids):
+            if len(t) > self.max_source:
+                raise ValueError(f"sentence {i}: {len(t)} tokens, longer than the model's "
+                                 f"{self.max_source} positions")
+        width = max([self.num_steps] + [len(t) for t in ids])
+        X = np.array([truncate_pad(t, width, self.pad) for t in ids], ctx=self.ctx)  # (batch, width)
+        return X, np.array([len(t) for t in ids], ctx=self.ctx)  # valid lengths: (batch,)
+
+    def _limit(self, source_length):
+        if self.max_length is not None:
+            return self.max_length
+        return min(max(self.num_steps, source_length + EXTRA_LENGTH), self.max_target)
+
+    # ------------------------------------------------------------------------------ translating
+    def translate(self, sentences, beam_size=1, alpha=ALPHA, *, early_stop=True):
+        """The best hypothesis of each token list: ``[Hypothesis(tokens, score), ...]``.
+
+        ``beam_size=1`` is greedy decoding. ``early_stop=False`` always runs every step up to
+        the longest limit (benchmarks; the results are the same)."""
+        if beam_size < 1:
+            raise ValueError(f"beam size must be at least 1, not {beam_size}")
+        vocab = self.model.decoder.dense._units
+        if beam_size > vocab:
+            raise ValueError(f"beam size {beam_size} is larger than the vocabulary ({vocab})")
+        sentences = [list(s) for s in sentences]
+        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # less padding
+        out = [None] * len(sentences)
+        with self.ctx, kernels.fused(self.ctx):
+            for start in range(0, len(order), self.batch_size):
+                part = order[start:start + self.batch_size]
+                hyps = self._search([sentences[i] for i in part], beam_size, alpha, early_stop)
+                for i, hyp in zip(part, hyps):
+                    out[i] = hyp
+        return out
+
+    def _initialized(self):
+        """Finish a deferred initialisation (weights whose shapes the first call decides) with
+        one imperative call on a dummy sentence, as training does; the graphs need the shapes."""
+        if any(p._data is None for p in self.model.collect_params().values()):
+            X = np.ones((1, 2), ctx=self.ctx)  # (batch, seq_len)
+            self.model(X, X, np.array([2], ctx=self.ctx))
+
+    def _search(self, sentences, k, alpha, early_stop):
+        self._initialized()
+        model, kind = self.model, self.ctx.device_type
+        encode = _graph(model, ("encoder", kind), lambda: EncoderKV(model))
+        if k == 1:
+            step = _graph(model, ("step", kind), lambda: DecoderStep(model.decoder))
+        else:
+            step = _graph(model, ("beam step", kind), lambda: _BeamStep(model.decoder))
+        B, ctx = len(sentences), self.ctx
+        X, valid_length = self.encode_source(sentences)
+        enc_kv = list(_run(encode, X, valid_length))  # 2 per block: (B, T, hidden)
+        if k > 1:  # a row per beam: rows b * k ... b * k + k - 1 are sentence b's beams
+            enc_kv = [np.repeat(a, k, axis=0) for a in enc_kv]  # (B * k, T, hidden)
+            valid_length = np.repeat(valid_length, k, axis=0)  # (B * k,)
+        limits = onp.array([self._limit(len(s)) for s in sentences])  # (B,)
+        steps = int(limits.max())
+        empty = np.zeros((B * k, steps, enc_kv[0].shape[-1]), ctx=ctx)  # (B*k, steps, hidden)
+        caches = []
+        for i in range(0, len(enc_kv), 2):
+            caches += [empty, empty, enc_kv[i], enc_kv[i + 1]]
+        scores = onp.full((B, k), NEG, dtype="float32")
+        scores[:, 0] = 0  # one live beam to start from: the others would only repeat it
+        alive = onp.ones((B, k), dtype=bool)
+        shift = onp.arange(0, B * k, k)[:, None]  # (B, 1): each sentence's first row
+        control = onp.stack([onp.full(B * k, self.bos), onp.arange(B * k)], axis=1)  # token, row
+        control = np.array(control[:, :1] if k == 1 else control, ctx=ctx)  # (B * k, 1 or 2)
+        positions = self._positions(steps)
+        words, parents = [], []
+        for t in range(1, steps + 1):
+            log_probs, *self_kv = _run(step, control, positions[t - 1], valid_length, *caches)
+            caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
+            prev_lp, lp = self._penalties(t, alpha)
+            scores, word, parent = _beam_update(log_probs.asnumpy(), scores, alive, k, prev_lp, lp)
+            alive = onp.take_along_axis(alive, parent, axis=1) & (word != self.eos) \
+                & (limits[:, None] > t)  # finished, or at the sentence's length limit
+            words.append(word)
+            parents.append(parent)
+            if early_stop and not alive.any():
+                break
+            tokens = onp.maximum(word, 0).reshape(-1, 1)  # (B * k, 1); finished beams: any
+            if k > 1:  # and the row each beam continues
+                tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)
+            control = np.array(tokens, ctx=ctx)  # the step's one upload
+        return self._hypotheses(onp.stack(words), onp.stack(parents), scores)
+
+    def _positions(self, steps):
+        """``[array([0]), ..., array([steps - 1])]`` on the device, uploaded once."""
+        have = getattr(self, "_position_arrays", [])
+        if len(have) < steps:
+            have = have + [np.array([t], ctx=self.ctx) for t in range(len(have), steps)]
+            self._position_arrays = have
+        return have
+
+    @staticmethod
+    def _penalties(t, alpha):
+        """``(lp(t - 1), lp(t))`` in float32 as gluonnlp's scorer computes them (lp(0) = 1)."""
+        a, base = onp.float32(alpha), onp.float32(6.0 ** alpha)
+        lp = onp.float32(5 + t) ** a / base
+        return (onp.float32(5 + t - 1) ** a / base if t > 1 else onp.float32(1)), lp
+
+    def _hypotheses(self, words, parents, scores):
+        """Follow each sentence's best beam back from the last step: words, parents (steps, B,
+        k); scores (B, k), best first."""
+        out = []
+        for b in range(words.shape[1]):
+            j, ids = 0, []
+            for t in range(words.shape[0] - 1, -1, -1):
+                if words[t, b, j] >= 0:
+                    ids.append(int(words[t, b, j]))
+                j = int(parents[t, b, j])
+            ids.reverse()
+            if ids and ids[-1] == self.eos:
+                ids.pop()
+            out.append(Hypothesis(self.tgt_vocab.to_tokens(ids), float(scores[b, 0])))
+        return out
+
+    # ------------------------------------------------------------------------------ attention
+    def attention(self, src_tokens, tgt_tokens):
+        """Every layer's and head's attention weights for a source and its translation, from one
+        teacher-forced pass over ``<bos> y_1 ... y_m`` (the same source encoding as `translate`).
+
+        Returns the ATTENTION JSON: ``src_tokens`` (as given, one per encoder position),
+        ``tgt_tokens`` (the decoder's inputs ``<bos> y_1 ... y_m``), ``out_tokens`` (what each
+        decoder position predicts, ``y_1 ... y_m <eos>``), and ``encoder`` (layers x heads x
+        src x src), ``decoder`` (layers x heads x tgt x tgt, causal), ``cross`` (layers x heads
+        x tgt x src); weights rounded to 4 decimals, every row sums to 1."""
+        src_tokens, tgt_tokens = list(src_tokens), list(tgt_tokens)
+        X, valid_length = self.encode_source([src_tokens])
+        if len(tgt_tokens) + 1 > self.max_target:
+            raise ValueError(f"a translation of {len(tgt_tokens)} tokens is longer than the "
+                             f"model's {self.max_target} positions")
+        Y = np.array([[self.bos] + self.tgt_vocab[tgt_tokens]], ctx=self.ctx)  # (1, m + 1)
+        self._initialized()
+        probe = _graph(self.model, ("attention", self.ctx.device_type),
+                       lambda: _AttentionProbe(self.model), static=False)
+        with self.ctx:
+            weights = [w.asnumpy() for w in _run(probe, X, valid_length, Y)]
+        n, m1 = len(src_tokens), len(tgt_tokens) + 1
+        layers = len(self.model.encoder._active_blocks())
+        dec_layers = len(self.model.decoder._active_blocks())
+
+        def cut(ws, rows, cols):  # (heads, queries, keys) each -> nested lists, 4 decimals
+            return [onp.round(w[:, :rows, :cols].astype("float64"), 4).tolist() for w in ws]
+
+        return {"src_tokens": src_tokens, "tgt_tokens": ["<bos>"] + tgt_tokens,
+                "out_tokens": tgt_tokens + ["<eos>"],
+                "encoder": cut(weights[:layers], n, n),
+                "decoder": cut(weights[layers:layers + dec_layers], m1, m1),
+                "cross": cut(weights[layers + dec_layers:], m1, n)}

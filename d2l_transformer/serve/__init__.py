@@ -1,0 +1,34 @@
+"""Serving a model directory over HTTP: `engine` (the model on one thread, micro-batched), `app`
+(the FastAPI app), `run` (``d2l-transformer serve``). Needs the ``serve`` extra."""
+
+
+class ServeError(ValueError):
+    """The server cannot start (the serve extra missing, the port taken); one line."""
+
+
+def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info"):
+    """Load `model_dir` and serve it with uvicorn until interrupted."""
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as e:
+        raise ServeError(f"serving needs the serve extra ({e.name} is not installed): "
+                         "pip install 'd2l_transformer[serve]'") from None
+    import socket
+
+    from .engine import Engine
+
+    try:  # a busy port or an unknown host is one line before the model loads
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    engine = Engine(model_dir, ctx)
+    try:
+        print(f"serving {engine.model_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
+        uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
+    finally:
+        engine.close()

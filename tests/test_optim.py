@@ -1,0 +1,110 @@
+"""The fused update `ClipAdam` against the chapter's ``grad_clipping`` + MXNet's Adam
+(``trainer.step``), with and without weight decay; non-finite gradients are reported."""
+
+import mxnet as mx
+import numpy as onp
+import pytest
+from mxnet import autograd, gluon
+
+import d2l_transformer as d2t
+from d2l_transformer.training.optim import grad_clipping
+
+
+def _net(seed):
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(8, activation="tanh", in_units=5), gluon.nn.Dense(3, in_units=8))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def _params(net):
+    return [p for p in net.collect_params().values() if p.grad_req != "null"]
+
+
+def _backward(net, X, scale):
+    with autograd.record():
+        loss = (net(X) ** 2).sum() * scale  # scale: gradients above or below the clip norm
+    loss.backward()
+
+
+@pytest.mark.parametrize("wd", [0.0, 1e-2])
+def test_clip_adam_equals_clipping_then_trainer_step(wd):
+    rng = onp.random.RandomState(0)
+    nets = [_net(1), _net(2)]
+    for a, b in zip(_params(nets[0]), _params(nets[1])):
+        b.set_data(a.data())
+    opt = {"learning_rate": 0.05, "wd": wd}
+    plain = gluon.Trainer(nets[0].collect_params(), "adam", dict(opt))
+    fused_trainer = gluon.Trainer(nets[1].collect_params(), "adam", dict(opt))
+    assert d2t.ClipAdam.supports(fused_trainer)
+    fused = d2t.ClipAdam(fused_trainer, _params(nets[1]), 1)
+    for step in range(6):
+        X = mx.np.array(rng.normal(size=(4, 5)), dtype="float32")
+        scale = 10.0 if step % 2 else 0.01  # clipped, then not clipped
+        num_tokens = 7 + step
+        _backward(nets[0], X, scale)
+        grad_clipping(nets[0], 1)
+        plain.step(num_tokens)
+        _backward(nets[1], X, scale)
+        fused(mx.np.array(float(num_tokens)))
+    # float32 rounding, amplified by Adam where gradients are tiny: ~6e-6 here; the decoupled
+    # decay of multi_adamw_update (what wd did before) is ~0.5 away with wd = 1e-2
+    for a, b in zip(_params(nets[0]), _params(nets[1])):
+        onp.testing.assert_allclose(b.data().asnumpy(), a.data().asnumpy(), rtol=1e-4, atol=3e-5,
+                                    err_msg=a.name)
+
+
+def test_weight_decay_makes_a_difference_the_fused_update_reproduces():
+    """The test above would pass if wd were ignored on both sides: check it is not."""
+    finals = []
+    for wd in (0.0, 1e-2):
+        net = _net(3)
+        trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.05, "wd": wd})
+        update = d2t.ClipAdam(trainer, _params(net), 1)
+        X = mx.np.ones((2, 5))
+        for _ in range(3):
+            _backward(net, X, 0.01)
+            update(4.0)
+        finals.append(_params(net)[0].data().asnumpy())
+    assert abs(finals[0] - finals[1]).max() > 1e-4
+
+
+def test_non_finite_norm_skips_the_update_and_is_counted():
+    net = _net(4)
+    params = _params(net)
+    trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.05})
+    update = d2t.ClipAdam(trainer, params, 1)
+    X = mx.np.ones((2, 5))
+    _backward(net, X, 1.0)
+    update(4.0)  # update 1: finite
+    before = [p.data().asnumpy().copy() for p in params]
+    for bad in (float("nan"), float("inf")):  # updates 2 and 3
+        _backward(net, X, 1.0)
+        params[0].grad()[0, 0] = bad
+        update(4.0)
+    for p, w in zip(params, before):  # skipped: the weights did not move, nor became NaN
+        onp.testing.assert_array_equal(p.data().asnumpy(), w)
+    onp.testing.assert_array_equal(update.health().asnumpy(), [2, 2])
+    _backward(net, X, 1.0)
+    update(4.0)  # finite again: trains on, the count stays
+    assert abs(params[0].data().asnumpy() - before[0]).max() > 0
+    onp.testing.assert_array_equal(update.health().asnumpy(), [2, 2])
+
+
+def test_fast_loop_raises_on_a_non_finite_gradient_norm():
+    """The loop reads the count with the epoch's losses and raises, naming the update."""
+    src_vocab, tgt_vocab, it = d2t.load_data_nmt(16, 10, 100)
+    batches = [b for _, b in zip(range(3), it)]
+    model = d2t.build_model(d2t.TINY, len(src_vocab), len(tgt_vocab))
+    epochs = []
+    d2t.train_s2s_ch8(model, batches, 0.005, 1, mx.cpu(), fast=True,
+                      on_epoch=lambda e, loss: epochs.append(e))
+    assert epochs == [1]
+    embed = model.encoder.embed.weight
+    embed.set_data(embed.data() * float("nan"))  # every gradient NaN from now on
+    trainer = d2t.make_trainer(model, 0.005)
+    with pytest.raises(FloatingPointError, match=r"not finite .* 3 of 3 updates .*first at update 1"):
+        d2t.train_s2s_ch8(model, batches, 0.005, 2, mx.cpu(), fast=True, trainer=trainer,
+                          on_epoch=lambda e, loss: epochs.append(e))
+    assert epochs == [1]  # raised before the epoch's callback (no checkpoint of it)

@@ -1,0 +1,312 @@
+"""The translator: greedy and beam search over one key/value-cache step graph, against
+independent references (tests/decoding_reference.py: the chapter's state, gluonnlp's
+BeamSearchSampler); its attention weights; graphs traced again when a block changes."""
+
+import decoding_reference as reference
+import mxnet as mx
+import numpy as onp
+import pytest
+from mxnet import autograd, gluon, init, np
+
+import d2l_transformer as d2t
+from d2l_transformer import kernels
+from d2l_transformer.data import heldout_nmt
+from d2l_transformer.inference import translator as translator_module
+from d2l_transformer.inference.translator import Translator, length_penalty
+from d2l_transformer.model import DecoderStep, EncoderKV
+
+CTX = mx.cpu()
+CHAPTER_SENTENCES = ["go .", "i lost .", "he's calm .", "i'm home .", "wow !", "i won !"]
+CFG = d2t.TINY.replace(num_layers=2)  # two blocks: caches and pruning across layers
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """A TINY model with 2 layers trained 30 epochs (peaked outputs, where beams still differ
+    from greedy on some sentences) and an untrained one (flat outputs, where they often do), with
+    the chapter's sentences and 44 held-out ones."""
+    d2t.set_seed(0)
+    src_vocab, tgt_vocab, data_iter = d2t.load_data_nmt(CFG.batch_size, CFG.num_steps,
+                                                        CFG.num_examples)
+    trained = d2t.build_model(CFG, len(src_vocab), len(tgt_vocab))
+    d2t.train_s2s_ch8(trained, data_iter, CFG.lr, 30, CTX, fast=True)
+    trained.hybridize(False)  # the references decode imperatively
+    untrained = d2t.build_model(CFG, len(src_vocab), len(tgt_vocab))
+    untrained.initialize(init.Xavier(), ctx=CTX)
+    held, _ = heldout_nmt(src_vocab, tgt_vocab, CFG.num_examples, 44)["unfiltered"]
+    sentences = [s.split(" ") for s in CHAPTER_SENTENCES] + held
+    assert len(sentences) == 50
+    return {"trained": trained, "untrained": untrained}, src_vocab, tgt_vocab, sentences
+
+
+def _translator(model, src_vocab, tgt_vocab, **kwargs):
+    kwargs.setdefault("max_length", CFG.num_steps)
+    return Translator(model, src_vocab, tgt_vocab, CTX, num_steps=CFG.num_steps, **kwargs)
+
+
+def test_length_penalty():
+    assert length_penalty(1, 0.6) == 1.0 and length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)
+    assert length_penalty(13, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+def test_beam_one_is_greedy_is_predict_s2s_ch8(setup, which):
+    """Beam 1 == greedy (the default) == predict_s2s_ch8 == the chapter's state decoding one
+    sentence at a time, token for token on 50 sentences; the scores are the teacher-forced
+    log-probabilities over the GNMT length penalty."""
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models[which]
+    translator = _translator(model, src_vocab, tgt_vocab)
+    greedy = translator.translate(sentences)
+    beam1 = translator.translate(sentences, beam_size=1)
+    assert greedy == beam1  # tokens and scores
+    assert len({tuple(h.tokens) for h in greedy}) > 5  # non-trivial outputs
+    for tokens, hyp in zip(sentences, greedy):
+        assert " ".join(hyp.tokens) == d2t.predict_s2s_ch8(model, " ".join(tokens), src_vocab,
+                                                            tgt_vocab, CFG.num_steps, CTX)
+        assert hyp.tokens == reference.greedy(model, tokens, src_vocab, tgt_vocab,
+                                              CFG.num_steps, CTX)
+        finished = len(hyp.tokens) < CFG.num_steps
+        assert hyp.score == pytest.approx(reference.score(
+            model, tokens, hyp.tokens, src_vocab, tgt_vocab, CFG.num_steps, CTX, finished),
+            abs=1e-5)
+
+
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_beam_k_equals_gluonnlp_beam_search_sampler(setup, which, beam_size):
+    """The same hypotheses and scores as gluonnlp 0.10's BeamSearchSampler over the chapter's
+    state (the former path), on 50 sentences; beam search finds other translations than
+    greedy on some of them."""
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models[which]
+    translator = _translator(model, src_vocab, tgt_vocab)
+    ours = translator.translate(sentences, beam_size=beam_size)
+    ref = reference.beam_search(model, sentences, src_vocab, tgt_vocab, CFG.num_steps, CTX,
+                                beam_size=beam_size)
+    for hyp, (tokens, score) in zip(ours, ref):
+        assert hyp.tokens == tokens
+        assert hyp.score == pytest.approx(score, abs=1e-5)
+    greedy = translator.translate(sentences)
+    differ = sum(h.tokens != g.tokens for h, g in zip(ours, greedy))
+    assert differ >= (5 if which == "untrained" else 1)
+
+
+def test_batches_and_order_do_not_change_a_translation(setup):
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models["untrained"]
+    together = _translator(model, src_vocab, tgt_vocab, batch_size=7).translate(sentences[:20],
+                                                                                beam_size=3)
+    alone = _translator(model, src_vocab, tgt_vocab)
+    for tokens, hyp in zip(sentences[:20], together):
+        one, = alone.translate([tokens], beam_size=3)
+        assert one.tokens == hyp.tokens and one.score == pytest.approx(hyp.score, abs=1e-5)
+    every = alone.translate(sentences[:20], beam_size=3, early_stop=False)
+    assert [h.tokens for h in every] == [h.tokens for h in together]
+
+
+def test_length_limits_and_bad_arguments(setup):
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models["untrained"]
+    free = Translator(model, src_vocab, tgt_vocab, CTX, num_steps=10)
+    assert free._limit(3) == 13 and free._limit(25) == 35  # max(num_steps, length + 10)
+    assert Translator(model, src_vocab, tgt_vocab, CTX, num_steps=30)._limit(3) == 30
+    assert all(len(h.tokens) <= 10 for h in _translator(model, src_vocab, tgt_vocab).translate(
+        sentences[:10], beam_size=2))
+    with pytest.raises(ValueError, match="beam size"):
+        free.translate(sentences[:1], beam_size=0)
+    with pytest.raises(ValueError, match="positions"):
+        free.translate([["go"] * 1001])
+    exact = d2t.build_model(CFG.replace(exact_chapter=True), len(src_vocab), len(tgt_vocab))
+    with pytest.raises(ValueError, match="corrected model"):
+        Translator(exact, src_vocab, tgt_vocab, CTX)
+    assert free.translate([]) == []
+
+
+def test_encoder_never_truncates_and_pads_to_num_steps(setup):
+    models, src_vocab, tgt_vocab, _ = setup
+    translator = _translator(models["untrained"], src_vocab, tgt_vocab)
+    X, valid = translator.encode_source([["go", "."], ["i"] * 13])
+    assert X.shape == (2, 13) and valid.asnumpy().tolist() == [2, 13]
+    assert X[0, 2:].asnumpy().tolist() == [src_vocab["<pad>"]] * 11
+    X, _ = translator.encode_source([["go", "."]])
+    assert X.shape == (1, CFG.num_steps)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_cached_step_equals_full_decoding(setup, fused):
+    """Step by step through the key/value cache (each step projects only its position) == the
+    graph call on the whole prefix, at every position of a teacher-forced target."""
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models["trained"]
+    translator = _translator(model, src_vocab, tgt_vocab)
+    batch = sentences[:8]
+    X, valid = translator.encode_source(batch)
+    T = 7
+    Y = np.array(onp.random.RandomState(0).randint(3, len(tgt_vocab), size=(len(batch), T)))
+    full = mx.npx.log_softmax(model.decoder(Y, model.encoder(X, valid), valid)).asnumpy()
+    encode, step = EncoderKV(model), DecoderStep(model.decoder)
+    for graph in (encode, step):
+        translator_module._hybridize_alone(graph)
+    with kernels.fused(CTX) if fused else mx.cpu():
+        kv = translator_module._run(encode, X, valid)
+        empty = np.zeros((len(batch), T, kv[0].shape[-1]))
+        caches = []
+        for i in range(0, len(kv), 2):
+            caches += [empty, empty, kv[i], kv[i + 1]]
+        for t in range(T):
+            log_probs, *self_kv = translator_module._run(step, Y[:, t:t + 1], np.array([t]),
+                                                         valid, *caches)
+            caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
+            onp.testing.assert_allclose(log_probs.asnumpy(), full[:, t], rtol=1e-5, atol=1e-5)
+    if fused and kernels.load():
+        assert "d2t_attention" in step._cached_graph[1].tojson()
+
+
+def _chapter_weights(model, X, valid, Y):
+    """Each attention's weights from the chapter's imperative calls (stored on the blocks)."""
+    enc = model.encoder(X, valid)
+    model.decoder(Y, model.decoder.init_state(enc, valid))
+    h = model.encoder.blks[0].attention.num_heads
+    get = lambda att: att.attention.attention_weights.asnumpy().reshape(  # noqa: E731
+        h, *att.attention.attention_weights.shape[1:])  # (heads, queries, keys), batch 1
+    return ([get(b.attention) for b in model.encoder.blks],
+            [get(b.attention_1) for b in model.decoder.blks],
+            [get(b.attention_2) for b in model.decoder.blks])
+
+
+def test_attention_json(setup):
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models["trained"]
+    translator = _translator(model, src_vocab, tgt_vocab)
+    src = ["i", "won", "!"]
+    tgt = translator.translate([src])[0].tokens
+    assert tgt
+    att = translator.attention(src, tgt)
+    n, m1 = len(src), len(tgt) + 1
+    assert att["src_tokens"] == src and att["tgt_tokens"] == ["<bos>"] + tgt
+    assert att["out_tokens"] == tgt + ["<eos>"]
+    layers, heads = CFG.num_layers, CFG.num_heads
+    for kind, rows, cols in (("encoder", n, n), ("decoder", m1, m1), ("cross", m1, n)):
+        w = onp.array(att[kind])
+        assert w.shape == (layers, heads, rows, cols), kind
+        onp.testing.assert_allclose(w.sum(-1), 1, atol=cols * 5e-5 + 1e-6)
+        assert w.min() >= 0
+    assert onp.triu(onp.array(att["decoder"]), k=1).max() == 0  # causal
+    # the same weights as the chapter's own imperative pass
+    X, valid = translator.encode_source([src])
+    Y = np.array([[tgt_vocab["<bos>"]] + tgt_vocab[tgt]])
+    enc, dec, cross = _chapter_weights(model, X, valid, Y)
+    for ours, theirs, rows, cols in ((att["encoder"], enc, n, n), (att["decoder"], dec, m1, m1),
+                                     (att["cross"], cross, m1, n)):
+        for layer, w in zip(ours, theirs):
+            onp.testing.assert_allclose(onp.array(layer), w[:, :rows, :cols], atol=6e-5)
+
+
+def test_attention_and_translation_leave_the_model_as_it_was(setup):
+    """The graphs are hybridized alone: the model's blocks still run imperatively (the
+    chapter's way, storing attention weights); a hybridized model works as well."""
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models["untrained"]
+    translator = _translator(model, src_vocab, tgt_vocab)
+    translator.translate(sentences[:3], beam_size=2)
+    translator.attention(sentences[0], ["va", "!"])
+    blocks = [model.encoder, model.decoder, *model.encoder.blks, *model.decoder.blks]
+    assert not any(b._active for b in blocks)
+    before = translator.attention(sentences[1], ["je", "."])
+    model.hybridize()
+    try:
+        assert translator.attention(sentences[1], ["je", "."]) == before
+    finally:
+        model.hybridize(False)
+
+
+# ---------------------------------------------------------------------------- fresh graphs
+def _fresh_model(src_vocab, tgt_vocab, **changes):
+    d2t.set_seed(1)
+    model = d2t.build_model(CFG.replace(**changes), len(src_vocab), len(tgt_vocab))
+    model.initialize(init.Xavier(), ctx=CTX)
+    return model
+
+
+def test_prune_after_a_cached_decode_changes_the_next_one(setup):
+    _, src_vocab, tgt_vocab, sentences = setup
+    model = _fresh_model(src_vocab, tgt_vocab)
+    translator = _translator(model, src_vocab, tgt_vocab)
+    before = translator.translate(sentences[:20])
+    for stack in (model.encoder, model.decoder):
+        stack.prune([0])
+    after = translator.translate(sentences[:20])
+    assert [h.tokens for h in after] != [h.tokens for h in before]
+    for tokens, hyp in zip(sentences[:20], after):  # the pruned model's own greedy decoding
+        assert hyp.tokens == reference.greedy(model, tokens, src_vocab, tgt_vocab, CFG.num_steps,
+                                              CTX)
+
+
+def _fast_and_imperative(model, batches, change):
+    """A fast training step, then `change(model)`, then the next batch's loss from the fast
+    step and from the model called imperatively (same weights; training mode)."""
+    trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": 0.005})
+    loss = d2t.MaskedSoftmaxCELoss()
+    step = d2t.training.steps._fast_step(model, trainer, loss)
+    (X, X_vlen, Y, Y_vlen), second = batches
+    step(X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
+    change(model)
+    X, X_vlen, Y, Y_vlen = second
+    with autograd.record():
+        Y_hat, _ = model(X, Y[:, :-1], X_vlen, Y_vlen - 1)
+        expected = float(loss(Y_hat, Y[:, 1:], Y_vlen - 1).sum())
+    fast, _ = step(X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
+    return float(fast), expected
+
+
+def _batches(src_vocab, tgt_vocab):
+    _, _, data_iter = d2t.load_data_nmt(CFG.batch_size, CFG.num_steps, CFG.num_examples)
+    return [b for _, b in zip(range(2), data_iter)]
+
+
+def test_set_drophead_after_a_fast_step_changes_the_next_one(setup):
+    """Trained with DropHead 0.5, then the rate set to 0: the fast step's next loss is the
+    deterministic loss of the model without DropHead (the old graph would still drop heads)."""
+    _, src_vocab, tgt_vocab, _ = setup
+    model = _fresh_model(src_vocab, tgt_vocab, drophead=0.5)
+
+    def no_drophead(m):
+        for blk in m.encoder.blks:
+            blk.attention.set_drophead(0.0)
+        for blk in m.decoder.blks:
+            blk.attention_1.set_drophead(0.0)
+            blk.attention_2.set_drophead(0.0)
+    fast, expected = _fast_and_imperative(model, _batches(src_vocab, tgt_vocab), no_drophead)
+    assert fast == pytest.approx(expected, rel=1e-5)
+
+
+def test_prune_after_a_fast_step_changes_the_next_one(setup):
+    _, src_vocab, tgt_vocab, _ = setup
+    model = _fresh_model(src_vocab, tgt_vocab)
+    batches = _batches(src_vocab, tgt_vocab)
+    unpruned = []
+
+    def prune(m):
+        X, X_vlen, Y, Y_vlen = batches[1]
+        Y_hat, _ = m(X, Y[:, :-1], X_vlen, Y_vlen - 1)
+        unpruned.append(float(d2t.MaskedSoftmaxCELoss()(Y_hat, Y[:, 1:], Y_vlen - 1).sum()))
+        for stack in (m.encoder, m.decoder):
+            stack.prune([1])
+    fast, expected = _fast_and_imperative(model, batches, prune)
+    assert fast == pytest.approx(expected, rel=1e-5)
+    assert abs(expected - unpruned[0]) > 1e-3 * abs(expected)  # pruning changed the loss
+
+
+def test_switching_kernels_off_traces_the_step_again(setup, monkeypatch):
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = _fresh_model(src_vocab, tgt_vocab)
+    translator = _translator(model, src_vocab, tgt_vocab)
+    with_kernels = translator.translate(sentences[:10])
+    step = translator_module._GRAPHS[model][("step", "cpu")]
+    if kernels.load():
+        assert "d2t_" in step._cached_graph[1].tojson()
+    monkeypatch.setenv("D2L_TRANSFORMER_KERNELS", "0")
+    without = translator.translate(sentences[:10])
+    assert "d2t_" not in step._cached_graph[1].tojson()
+    assert [h.tokens for h in without] == [h.tokens for h in with_kernels]
