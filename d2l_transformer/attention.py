@@ -70,7 +70,7 @@ def masked_softmax(X, valid_length, causal=False):
 
 
 def _softmax_with_lengths(F, X, valid_length, causal):
-    """`masked_softmax` inside a hybridized graph (issue 4's fast path): one fused
+    """`masked_softmax` inside a hybridized graph (fast path): one fused
     ``softmax(X, length=..., use_length=True)`` over the first `length` keys of every query.
 
     The same probabilities as the chapter's fill-with--1e6-then-softmax (exp(-1e6 - max) is
@@ -101,7 +101,7 @@ class DotProductAttention(nn.HybridBlock):
         super().__init__(**kwargs)
         self.causal = causal
         self.dropout = nn.Dropout(dropout)
-        self.query_size = query_size  # d, when known: a scalar divide in graphs (issue 4)
+        self.query_size = query_size  # d, when known: a scalar divide in graphs
 
     def hybrid_forward(self, F, query, key, value, valid_length=None):
         """query: (batch, num_queries, d); key: (batch, num_keys, d); value: (batch, num_keys, d_v)."""

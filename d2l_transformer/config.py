@@ -20,7 +20,7 @@ class TransformerConfig:
     num_epochs: int = 100
     num_examples: Optional[int] = 1000  # d2l keeps lines 0..num_examples: 1001 pairs; None: all
     exact_chapter: bool = False  # True: the book's three bugs, bit for bit
-    # issue 7 variants (defaults = the chapter); read only by train.build_model
+    # the literature's variants (defaults = the chapter); read only by model.build_model
     pre_norm: bool = False
     norm: str = "layer"  # "layer" or "scale" (ScaleNorm)
     fixnorm: bool = False

@@ -28,7 +28,7 @@ def parse_ctx(spec="auto"):
 
 def parse_ctx_list(spec="auto"):
     """``--ctx`` with one or more devices: ``gpu:0,gpu:1`` or ``cpu:0,cpu:1`` -> a list of contexts
-    (issue 6's data parallelism; each part as in `parse_ctx`, ``auto`` alone means `try_gpu`).
+    (data parallelism; each part as in `parse_ctx`, ``auto`` alone means `try_gpu`).
 
     Raises ValueError with one line for a bad or repeated device.
     """

@@ -42,7 +42,7 @@ class LayerNorm(nn.LayerNorm):
     """The chapter's ``nn.LayerNorm`` (same parameters, same checkpoints, same values).
 
     ``norm(X, residual)`` normalizes ``X + residual`` (AddNorm's sum, in that order). Inside a
-    graph traced under `kernels.fused` on a CPU, it runs the fused kernel (issue 4: MXNet 1.9's
+    graph traced under `kernels.fused` on a CPU, it runs the fused kernel (MXNet 1.9's
     CPU LayerNorm backward is a third of a fast training step); everywhere else, MXNet's
     ``LayerNorm`` after an ordinary add.
     """

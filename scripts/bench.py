@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 4 benchmark: the faithful vs the fast training path, cached vs uncached greedy decoding,
+"""Benchmark: the faithful vs the fast training path, cached vs uncached greedy decoding,
 batched greedy translation, measured side by side in ONE run on this machine.
 
 Rows (each measured in its own subprocess, so that its peak resident memory is its own):
@@ -17,7 +17,7 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     the last two are tests/decoding_reference.py's;
 (c) batched greedy translation (the translator) sentences/s of training sentences at batch
     sizes 1, 64, 256;
-(e) issue 6: the fast path on 2 CPU contexts and on 2 dist_sync worker processes;
+(e) scale-out: the fast path on 2 CPU contexts and on 2 dist_sync worker processes;
 (f) translation sentences/s of a `full`-sized model (random weights, ~9k/13k-word vocabularies,
     2,000 sentences, 30 tokens each, batches of 64, start-up excluded), greedy and beam 4: the
     translator vs the former path (gluonnlp's BeamSearchSampler over the chapter's state), the

@@ -1,4 +1,4 @@
-"""Issue 7: train each variant on the chapter's data (same seeds, same epochs) and print one table.
+"""Train each variant on the chapter's data (same seeds, same epochs) and print one table.
 
     .venv/bin/python scripts/compare_variants.py --epochs 100 --seeds 0 1 2 --out out/variants
 
@@ -6,7 +6,7 @@ Columns: final loss as the book prints it and per target token, corpus BLEU (sac
 batched) on held-out pairs (fra.txt lines after the chapter's 1001 whose every token is in the
 vocabularies), tokens/s of the last epoch; each as the mean and min–max over the seeds.
 Training uses the fast path (`train_s2s_ch8(fast=True)`: the same arithmetic per step as the
-faithful path, see README "Issue 4"); ``--faithful`` uses the imperative path.
+faithful path, see docs/benchmarks.md); ``--faithful`` uses the imperative path.
 Also writes loss_curves.png (mean over seeds) and, with ``--json``, every number.
 ``--quick``: a TINY model with 2 layers, 1 epoch, 1 seed, 20 held-out pairs (a smoke test).
 """

@@ -77,7 +77,7 @@ def test_env_variable_points_at_the_data(tmp_path, monkeypatch):
 
 
 def test_array_batches_are_the_dataloaders_batches():
-    """fast_loader=True (issue 4): the DataLoader's batches, from the same random draws."""
+    """fast_loader=True: the DataLoader's batches, from the same random draws."""
     gluon_iter = d2t.load_data_nmt(64, 10)[2]
     fast_iter = d2t.load_data_nmt(64, 10, fast_loader=True)[2]
     assert len(fast_iter) == len(gluon_iter) == 16

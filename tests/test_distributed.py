@@ -1,4 +1,4 @@
-"""Issue 6: data parallelism over a device list, dist_sync over MXNet's kvstore, the launcher."""
+"""Data parallelism over a device list, dist_sync over MXNet's kvstore, the launcher."""
 
 import json
 import os

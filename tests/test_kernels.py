@@ -1,4 +1,4 @@
-"""Issue 4: the fused kernels (LayerNorm, add + LayerNorm, multi-head attention) compute what
+"""The fused kernels (LayerNorm, add + LayerNorm, multi-head attention) compute what
 MXNet's operators / the chapter's ops compute, forward and backward, and are used exactly where
 they should be (graphs traced under `kernels.fused` on a CPU)."""
 

@@ -111,6 +111,7 @@ def test_exact_training_equals_the_books_code_trained_by_d2l(nmt):
         assert_close(a.data(), b.data(), tol=1e-5)
 
 
+@pytest.mark.slow
 def test_chapter_script_and_cli_train_the_same_way(tmp_path):
     """scripts/train_chapter.py and `d2l-transformer train --preset chapter` are one way to
     train the chapter (`train_model`): the same seed gives the same loss and translations."""

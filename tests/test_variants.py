@@ -1,4 +1,4 @@
-"""Issue 7: the literature's variants as options on the chapter's blocks."""
+"""The literature's variants as options on the chapter's blocks."""
 
 import mxnet as mx
 import numpy as onp
@@ -46,7 +46,7 @@ def test_all_off_hybridized_graph_call_equals_default():
     off.encoder.hybridize(), off.decoder.hybridize()
     a = default.decoder(Y, default.encoder(X, xl), xl)
     b = off.decoder(Y, off.encoder(X, xl), xl)
-    # a graph's masked softmax is the fused softmax(length=...) (issue 4): equal to ~1e-7
+    # a graph's masked softmax is the fused softmax(length=...): equal to ~1e-7
     assert_close(a, b, tol=1e-6)
     assert [p.shape for p in default.collect_params().values()] == \
         [p.shape for p in off.collect_params().values()]
@@ -136,7 +136,7 @@ def test_layerdrop_inference_pruning_every_other():
     one.embed.weight.set_data(full.embed.weight.data())
     for a, b in zip(one.blks[0].collect_params().values(), full.blks[0].collect_params().values()):
         a.set_data(b.data())
-    assert_close(pruned(X, xl), one(X, xl), tol=1e-6)  # hybridized vs imperative (issue 4)
+    assert_close(pruned(X, xl), one(X, xl), tol=1e-6)  # hybridized vs imperative
 
 
 @pytest.mark.parametrize("hybridize", [False, True])

@@ -17,7 +17,7 @@ class ArrayBatches:
 
     Gluon's DataLoader shuffles with ``np.random.shuffle(np.arange(n))`` (its RandomSampler)
     and stacks ``batch_size`` single-row arrays per field: ~2.5 ms a batch at the chapter's
-    sizes, which on a 2-core CPU slowed the fast path's whole step by ~15% (issue 4). Same
+    sizes, which on a 2-core CPU slowed the fast path's whole step by ~15%. Same
     shuffle here, then ``array.take(indices)``: identical batches (tests/test_data.py).
     """
 
@@ -38,7 +38,7 @@ class ArrayBatches:
 
 
 def shard(items, rank, num_workers):
-    """Worker `rank`'s part of a list (issue 6): every `num_workers`-th item from `rank`, and
+    """Worker `rank`'s part of a list: every `num_workers`-th item from `rank`, and
     the same number of items for every worker (up to num_workers - 1 items are left out), so
     that all workers run the same number of steps, as ``dist_sync`` requires."""
     if not 0 <= rank < num_workers:

@@ -160,8 +160,8 @@ def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None, *, rank=0
     """(src_vocab, tgt_vocab, data_iter) for the first `num_examples` + 1 pairs (d2l).
 
     With the chapter's arguments: 180 source tokens, 162 target tokens, 1001 pairs.
-    ``rank``/``num_workers`` (issue 6): the vocabularies come from all pairs, the batches only
-    from this worker's `shard`. ``fast_loader`` (issue 4): `ArrayBatches` instead of Gluon's
+    ``rank``/``num_workers``: the vocabularies come from all pairs, the batches only
+    from this worker's `shard`. ``fast_loader``: `ArrayBatches` instead of Gluon's
     DataLoader (the same batches, faster).
     """
     text = preprocess_nmt(read_data_nmt(path))

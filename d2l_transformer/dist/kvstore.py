@@ -1,4 +1,4 @@
-"""Scale-out on MXNet's own KVStore (issue 6): which kvstore, which shard, global sums.
+"""Scale-out on MXNet's own KVStore: which kvstore, which shard, global sums.
 
 Several devices in one process use the ``device`` kvstore that `gluon.Trainer` creates
 itself; several processes (or machines) use ``dist_sync`` over ps-lite, started by

@@ -1,4 +1,4 @@
-"""``d2l-transformer launch``: start a ``dist_sync`` job with the launcher MXNet ships (issue 6).
+"""``d2l-transformer launch``: start a ``dist_sync`` job with the launcher MXNet ships.
 
 MXNet's wheel ships ``mxnet/tools/launch.py`` and the ``dmlc_tracker`` package: it starts the
 ps-lite scheduler, the servers and the workers (``--launcher local`` on this machine, ``ssh``

@@ -1,4 +1,4 @@
-"""Fused CPU kernels for the fast path's graphs (issue 4), built against the installed MXNet.
+"""Fused CPU kernels for the fast path's graphs, built against the installed MXNet.
 
 MXNet 1.9's CPU ``LayerNorm`` backward reduces through its generic broadcast reducer: ~0.8 ms
 for the chapter's (64, 10, 32) activations, about a third of a fast training step. MXNet's

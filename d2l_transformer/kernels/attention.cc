@@ -1,5 +1,5 @@
 // Fused multi-head scaled dot-product attention for MXNet 1.9's custom-operator library API
-// (issue 4's fast path): transpose_qkv, the scores, d2l's masked softmax, dropout on the
+// (fast path): transpose_qkv, the scores, d2l's masked softmax, dropout on the
 // weights, the weighted sum and transpose_output of the chapter's MultiHeadAttention, forward
 // and backward, in one operator that reads the heads in place (no transposes).
 //

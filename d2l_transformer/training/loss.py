@@ -30,7 +30,7 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
         self.label_smoothing, self.reduction = label_smoothing, reduction
 
     def hybrid_forward(self, F, pred, label, valid_length):
-        """F: works imperatively and inside the fast path's hybridized graph (issue 4)."""
+        """F: works imperatively and inside the fast path's hybridized graph."""
         weights = F.np.expand_dims(F.np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
         weights = F.npx.sequence_mask(weights, valid_length, True, axis=1)
         if not self.label_smoothing and self.reduction == "book":
