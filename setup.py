@@ -23,7 +23,7 @@ CUDA11 = [  # mxnet-cu112 links these but does not bundle them; d2l_transformer 
 
 setup(
     name="d2l_transformer",
-    version="0.1.0",
+    version="0.4.0",
     description="The Transformer of d2l 9.3 (MXNet/Gluon), reproduced, tested and extended",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

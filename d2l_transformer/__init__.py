@@ -60,4 +60,4 @@ from .training import (  # noqa: E402
     train_s2s_ch8,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
