@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.exceptions import HTTPException
 
+from .. import __version__
 from ..viz.attention_html import explorer_page
 from .engine import Busy
 
@@ -117,7 +118,7 @@ class BodyLimit:
 def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
                max_tokens=MAX_TOKENS, max_attention=MAX_ATTENTION, max_body=MAX_BODY):
     """The FastAPI app serving `engine` (a `serve.engine.Engine`)."""
-    app = FastAPI(title="d2l_transformer", version="0.1.0",
+    app = FastAPI(title="d2l_transformer", version=__version__,
                   description="English to French with the Transformer of d2l 9.3, and its "
                               "attention weights. The page at / explores them.")
     app.add_middleware(BodyLimit, max_body=max_body)
