@@ -20,7 +20,6 @@ shows how to call them from another program.
 """
 
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ import mxnet as mx
 from mxnet import np
 
 from ..io import atomic, checkpoint
+from ..io.atomic import sha256 as _sha256
 from ..model import DecoderStep, EncoderKV
 from .translator import EXTRA_LENGTH, _hybridize_alone, _run
 
@@ -40,14 +40,6 @@ TOKENIZER_SUFFIXES = (".model", ".vocab")  # sentencepiece's files
 
 class ExportError(ValueError):
     """The model cannot be exported there; the message is one line."""
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _io_spec(num_layers, hidden, vocab):

@@ -17,6 +17,7 @@ time per path (the next save treats another writer's unfinished version as a lef
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -164,3 +165,12 @@ def write_dir(path, fill):
     if old and os.path.basename(old).startswith(f".{os.path.basename(path)}."):
         _remove(old)  # only our own versions: a link the user made to elsewhere stays
     return path
+
+
+def sha256(path):
+    """The SHA-256 hex digest of a file, read in 1 MB chunks (the manifests' checksums)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

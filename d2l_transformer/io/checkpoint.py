@@ -20,7 +20,6 @@ manifest, then the shapes of the parameters against the model the config and voc
 build; any mismatch is one line.
 """
 
-import hashlib
 import json
 import os
 
@@ -33,6 +32,7 @@ from ..data.tokenize import TokenizerError
 from ..data.tokenize import load_tokenizer as _load_tokenizer
 from ..model import build_model
 from . import atomic
+from .atomic import sha256 as _sha256
 
 PARAMS, SRC_VOCAB, TGT_VOCAB = "params.params", "src_vocab.json", "tgt_vocab.json"
 CONFIG, SUMMARY, TRAINER, MANIFEST = "config.json", "summary.json", "trainer.states", "manifest.json"
@@ -40,14 +40,6 @@ CONFIG, SUMMARY, TRAINER, MANIFEST = "config.json", "summary.json", "trainer.sta
 
 class CheckpointError(ValueError):
     """A model directory cannot be loaded; the message is one line naming the directory."""
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write(path, write):
