@@ -19,27 +19,17 @@ import traceback
 from .book import compare_table, load_run
 from .config import PRESETS
 from .context import parse_ctx, parse_ctx_list
-from .data import (
-    DataError,
-    Pairs,
-    TokenizerError,
-    WordTokenizer,
-    heldout_nmt,
-    read_pairs,
-    source_overlap,
-    split_corpus,
-)
+from .data import DataError, TokenizerError, WordTokenizer, evaluation_sets
 from .dist.kvstore import KVSTORES, create_kvstore
 from .dist.launch import LAUNCHERS, LaunchError, launch
 from .evaluate import BLEU_PAIRS_TEXT, bleu, format_score, score, score_files
-from .inference.decode import predict_s2s_ch8
+from .inference.text import TranslationError, check_sentence, translate_texts, translate_tokens
 from .inference.translator import ALPHA, BEAM_SIZE, Translator
 from .io import checkpoint
 from .training import book_line
 from .training.run import RunError, TrainingStopped, train_model
 
 EXIT_BAD_INPUT, EXIT_ERROR, EXIT_BUG = 1, 2, 3
-BATCH = 64  # sentences decoded together
 
 
 class UserError(Exception):
@@ -47,44 +37,10 @@ class UserError(Exception):
 
 
 USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # one line each
-               TokenizerError)
+               TokenizerError, TranslationError)
 
 
 # ---------------------------------------------------------------------------------- translating
-def translate_texts(model, texts, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
-    """Translations (text) of sentences (text): `translate_tokens` between the tokenizer's
-    ``encode`` and ``decode``."""
-    outs = translate_tokens(model, [tokenizer.encode(t) for t in texts], src_vocab, tgt_vocab,
-                            cfg, ctx, beam, alpha)
-    return [tokenizer.decode(out.split()) for out in outs]
-
-
-def check_sentence(tokens, src_vocab, max_positions):
-    """None when the sentence can be translated, else why not (one line)."""
-    if not tokens:
-        return "empty line"
-    if all(src_vocab[t] == src_vocab.unk for t in tokens):
-        return "no word of it is in the model's vocabulary"
-    if len(tokens) > max_positions:
-        return f"{len(tokens)} tokens, longer than the model's {max_positions} positions"
-    return None
-
-
-def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
-    """Translations (strings) of token lists by the `Translator`, `BATCH` sentences at a time;
-    beam 1 is greedy decoding. A model trained with --exact-chapter is decoded by the chapter's
-    own `predict_s2s_ch8`, one sentence at a time (greedy only)."""
-    if cfg.exact_chapter:
-        if beam > 1:
-            raise UserError("beam search needs the corrected model; this one was trained with "
-                            "--exact-chapter (use --beam 1)")
-        return [predict_s2s_ch8(model, " ".join(s), src_vocab, tgt_vocab, cfg.num_steps, ctx)
-                for s in sentences]
-    translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
-                            batch_size=BATCH)
-    return [" ".join(hyp.tokens) for hyp in translator.translate(sentences, beam, alpha)]
-
-
 def _read_lines(args):
     """``[(label, text or None, problem or None), ...]`` from the arguments or stdin bytes."""
     if args.sentences:
@@ -139,25 +95,6 @@ def cmd_translate(args):
 
 
 # ---------------------------------------------------------------------------------- evaluating
-def _eval_sets(cfg, src_vocab, tgt_vocab, data_path):
-    """``[(name, Pairs of text, sources seen in training or None)]``: the preset's own valid
-    and test parts, or the chapter's training pairs and the pairs held out after them."""
-    if cfg.num_valid or cfg.num_test or cfg.num_buckets:  # the full presets' own split
-        train, valid, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, data_path,
-                                          cfg.split_by)
-        return [(name, part, source_overlap(part.source, train.source))
-                for name, part in (("valid", valid), ("test", test))]
-    train = read_pairs(data_path, cfg.num_examples)
-    held = heldout_nmt(src_vocab, tgt_vocab, cfg.num_examples, path=data_path)
-    print(f"held-out: lines {cfg.num_examples + 1}.. of fra.txt: {len(held['unfiltered'][0])} "
-          f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
-          f"{len(held['in_vocab'][0])} with every token in the vocabularies")
-    return [("training pairs", train, None)] + [
-        (name, Pairs(*held[key]), source_overlap(held[key][0], train.source))
-        for name, key in (("held-out, in vocabulary", "in_vocab_text"),
-                          ("held-out, unfiltered", "unfiltered_text"))]
-
-
 def _write_json(path, data):
     import json
     with open(path, "w", encoding="utf-8") as f:
@@ -210,7 +147,9 @@ def cmd_evaluate(args):
             print(f"  [{name}] {shown} => {out}, bleu {value:.3f}")
             report["chapter_sentences"].append({"source": eng, "reference": fra, "decoder": name,
                                                 "translation": out, "d2l_bleu": value})
-    sets = _eval_sets(cfg, src_vocab, tgt_vocab, args.data)
+    sets, note = evaluation_sets(cfg, src_vocab, tgt_vocab, args.data)
+    if note:
+        print(note)
     print("corpus BLEU and chrF (sacreBLEU, detokenized output against the untokenized "
           "references" + (", case-insensitive" if lowercase else "") + "):")
     signatures = {}

@@ -8,6 +8,7 @@ from .split import (
     Split,
     SplitData,
     clean_text,
+    evaluation_sets,
     heldout_nmt,
     load_data_split,
     make_tokenizer,

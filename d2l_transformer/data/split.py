@@ -192,3 +192,23 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
         tgt_array, tgt_valid_len = build_array(target, tgt_vocab, num_steps, False)
         train_iter = load_array((src_array, src_valid_len, tgt_array, tgt_valid_len), batch_size)
     return SplitData(src_vocab, tgt_vocab, train_iter, valid, test, tok)
+
+
+def evaluation_sets(cfg, src_vocab, tgt_vocab, data_path=None):
+    """``([(name, Pairs of text, sources seen in training or None)], note)``: the preset's own
+    valid and test parts, or the chapter's training pairs and the pairs held out after them;
+    ``note`` describes the chapter's held-out lines (None for the presets' own split)."""
+    if cfg.num_valid or cfg.num_test or cfg.num_buckets:  # the full presets' own split
+        train, valid, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, data_path,
+                                          cfg.split_by)
+        return [(name, part, source_overlap(part.source, train.source))
+                for name, part in (("valid", valid), ("test", test))], None
+    train = read_pairs(data_path, cfg.num_examples)
+    held = heldout_nmt(src_vocab, tgt_vocab, cfg.num_examples, path=data_path)
+    note = (f"held-out: lines {cfg.num_examples + 1}.. of fra.txt: {len(held['unfiltered'][0])} "
+          f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
+            f"{len(held['in_vocab'][0])} with every token in the vocabularies")
+    return [("training pairs", train, None)] + [
+        (name, Pairs(*held[key]), source_overlap(held[key][0], train.source))
+        for name, key in (("held-out, in vocabulary", "in_vocab_text"),
+                          ("held-out, unfiltered", "unfiltered_text"))], note

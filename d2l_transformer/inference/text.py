@@ -1,0 +1,45 @@
+"""Text in, text out: the model directory's tokenizer around the `Translator` (or, for a model
+trained with the chapter's bugs, the chapter's own `predict_s2s_ch8`)."""
+
+from .decode import predict_s2s_ch8
+from .translator import ALPHA, Translator
+
+BATCH = 64  # sentences decoded together
+
+
+class TranslationError(ValueError):
+    """A request the model cannot serve (e.g. beam search on an exact-chapter model): one line."""
+
+
+def translate_texts(model, texts, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
+    """Translations (text) of sentences (text): `translate_tokens` between the tokenizer's
+    ``encode`` and ``decode``."""
+    outs = translate_tokens(model, [tokenizer.encode(t) for t in texts], src_vocab, tgt_vocab,
+                            cfg, ctx, beam, alpha)
+    return [tokenizer.decode(out.split()) for out in outs]
+
+
+def check_sentence(tokens, src_vocab, max_positions):
+    """None when the sentence can be translated, else why not (one line)."""
+    if not tokens:
+        return "empty line"
+    if all(src_vocab[t] == src_vocab.unk for t in tokens):
+        return "no word of it is in the model's vocabulary"
+    if len(tokens) > max_positions:
+        return f"{len(tokens)} tokens, longer than the model's {max_positions} positions"
+    return None
+
+
+def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
+    """Translations (strings) of token lists by the `Translator`, `BATCH` sentences at a time;
+    beam 1 is greedy decoding. A model trained with --exact-chapter is decoded by the chapter's
+    own `predict_s2s_ch8`, one sentence at a time (greedy only)."""
+    if cfg.exact_chapter:
+        if beam > 1:
+            raise TranslationError("beam search needs the corrected model; this one was trained with "
+                            "--exact-chapter (use --beam 1)")
+        return [predict_s2s_ch8(model, " ".join(s), src_vocab, tgt_vocab, cfg.num_steps, ctx)
+                for s in sentences]
+    translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
+                            batch_size=BATCH)
+    return [" ".join(hyp.tokens) for hyp in translator.translate(sentences, beam, alpha)]
