@@ -36,6 +36,9 @@ using d2t::out;
 
 namespace {
 
+// Below this much work (multiply-adds of the scores) one thread: a parallel region costs more.
+constexpr int64_t kParallelWork = 1 << 18;
+
 struct Dims {
   int64_t batch, tq, tk, heads, d, width;  // width = heads * d
   bool causal, has_length, length_per_query;
@@ -147,7 +150,8 @@ MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
   const uint64_t seed = train ? d2t::dropout_seed(res) : 0;
   float* o = out((*outputs)[0]);
   const float *qp = in(q), *kp = in(k), *vp = in(v);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) \
+    if (s.batch * s.heads * s.tq * s.tk * s.d > kParallelWork)
   for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
     const int64_t b = bh / s.heads, h = bh % s.heads;
     std::vector<float> p(s.tk);
@@ -193,7 +197,8 @@ MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs
     if ((*outputs)[o].data_ptr != nullptr)
       std::fill(out((*outputs)[o]), out((*outputs)[o]) + (*outputs)[o].size(), 0.f);
   const float *qp = in(q), *kp = in(k), *vp = in(v), *dop = in(dout);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) \
+    if (s.batch * s.heads * s.tq * s.tk * s.d > kParallelWork)
   for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
     const int64_t b = bh / s.heads, h = bh % s.heads;
     std::vector<float> p(s.tk), g(s.tk);

@@ -38,6 +38,7 @@ using d2t::out;
 namespace {
 
 constexpr int64_t kBlock = 64;
+constexpr int64_t kParallelWork = 1 << 16;  // below this many elements, one thread
 
 float eps_of(const d2t::Attrs& attrs) { return std::stof(attr(attrs, "eps", "1e-5")); }
 
@@ -88,7 +89,7 @@ inline const float* row_input(const float* x, const float* y, const uint8_t* kee
 void ln_forward(const float* x, const float* y, const float* gamma, const float* beta, float* out,
                 int64_t rows, int64_t D, float eps, RowDropout drop, uint64_t seed, float p,
                 bool train) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * D > kParallelWork)
   for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
     std::vector<float> sum(D), xhat(D);
     for (int64_t r = r0; r < std::min(rows, r0 + kBlock); ++r) {
@@ -112,7 +113,7 @@ void ln_backward(const float* dout, const float* x, const float* y, const float*
                  float eps, RowDropout drop) {
   const int64_t blocks = (rows + kBlock - 1) / kBlock;
   std::vector<float> partial(blocks * 2 * D, 0.f);  // per block: dgamma, dbeta
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * D > kParallelWork)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     std::vector<float> sum(D), xhat(D), g(D), gx(D);
     float *pg = partial.data() + blk * 2 * D, *pb = pg + D;

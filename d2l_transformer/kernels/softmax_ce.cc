@@ -34,6 +34,8 @@ using d2t::out;
 
 namespace {
 
+constexpr int64_t kParallelWork = 1 << 16;  // below this many logits, one thread
+
 struct Dims {
   int64_t batch, T, V;
   float smoothing;
@@ -108,7 +110,7 @@ MXReturnValue forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
   const Dims s = dims_of(attrs, pred);
   float *loss = out((*outputs)[0]), *lse = out((*outputs)[1]);
   std::fill(lse, lse + s.batch * s.T, 0.f);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (s.batch * s.T * s.V > kParallelWork)
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t n = counted(s, in(length), b);
     float sum = 0.f;
@@ -134,7 +136,7 @@ MXReturnValue backward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
     if ((*outputs)[o].data_ptr != nullptr)
       std::fill(out((*outputs)[o]), out((*outputs)[o]) + (*outputs)[o].size(), 0.f);
   const float uniform = s.smoothing / s.V;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (s.batch * s.T * s.V > kParallelWork)
   for (int64_t row = 0; row < s.batch * s.T; ++row) {
     const int64_t b = row / s.T, t = row % s.T, n = counted(s, in(length), b);
     const float g = s.per_token ? in(dloss)[b] : in(dloss)[b] / s.T;
