@@ -3,7 +3,10 @@
 The public names, in the chapter's order.
 """
 
-from . import _compat, _cuda  # _compat first: NumPy's removed aliases, before anything imports mxnet
+# _compat first: NumPy's removed aliases, before anything imports mxnet
+from . import _compat, _cuda, _threads
+
+_threads.configure()  # OpenMP threads per workload: set before MXNet reads its settings
 
 _cuda.preload()  # the cu112 extra's CUDA libraries, before MXNet loads libmxnet.so
 

@@ -18,8 +18,9 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
 (c) batched greedy translation (the translator) sentences/s of training sentences at batch
     sizes 1, 64, 256;
 (e) scale-out: the fast path on 2 CPU contexts and on 2 dist_sync worker processes;
-(f) translation sentences/s of a `full`-sized model (random weights, ~9k/13k-word vocabularies,
-    2,000 sentences, 30 tokens each, batches of 64, start-up excluded), greedy and beam 4: the
+(f) translation sentences/s of a `full` model (random weights, its 4,000-piece vocabularies, the
+    2,000 sources of its test split, 30 tokens each, batches of 64, start-up excluded), greedy
+    and beam 4: the
     translator vs the former path (gluonnlp's BeamSearchSampler over the chapter's state), the
     two alternating batch by batch in one process (the same load for both);
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
@@ -31,6 +32,9 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     batches) in target tokens/s on a slice of its real batches (``full_batches`` of the first
     epoch, seed 0): the imperative path vs the fast path, interleaved rounds as in (a); the
     first pass over the slice is warm-up (deferred init, graph building), the next ones timed.
+    One more imperative row runs with MXNet's own OpenMP threads (``D2L_TRANSFORMER_THREADS=
+    mxnet``: half the CPUs, one on this machine), as every path ran before the package chose
+    the threads per workload (d2l_transformer/_threads.py).
 Then the ratios. ``--only GROUP`` runs one group of rows (``--only full``: (h) alone).
 ``--quick``: TINY sizes and fewer sentences (CI, under a minute).
 ``--json PATH`` writes every figure. The decoding rows use the model the fast row trained.
@@ -68,6 +72,7 @@ ROWS = [  # key, label
     ("translate_beam4", "(f) translate full-size, Translator, beam 4 sentences/s"),
     ("serving", "(g) serve, concurrent clients on loopback requests/s"),
     ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
+    ("train_full_imperative_mxnet", "(h) full preset train, imperative, MXNet's threads tok/s"),
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
 ]
 RATIOS = [  # label, numerator, denominator
@@ -83,28 +88,28 @@ RATIOS = [  # label, numerator, denominator
     ("(f) translate ratio greedy Translator/old", "translate_greedy", "translate_old_greedy"),
     ("(f) translate ratio beam 4 Translator/old", "translate_beam4", "translate_old_beam4"),
     ("(h) full preset train ratio fast/imperative", "train_full_fast", "train_full_imperative"),
+    ("(h) full preset train ratio fast/imperative, MXNet's threads", "train_full_fast",
+     "train_full_imperative_mxnet"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
           "full": "(h)"}  # --only GROUP: the rows whose label starts with this
 DECODE_TOKENS = 50
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
-            "train_full_imperative", "train_full_fast")
+            "train_full_imperative", "train_full_imperative_mxnet", "train_full_fast")
+ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"}}  # its process's
 
 
 def sizes(quick):
     import d2l_transformer as d2t
-    if quick:  # (f): a small model on 128 held-out sentences of a 3,000-pair split
+    if quick:  # (f), (h): the `full` model on 100 test sentences of a 3,000-pair split
         return dict(cfg=d2t.TINY, epochs=3, n_greedy=3, n_batch=256, n_batch_1=20,
-                    translate_cfg=d2t.CHAPTER.replace(num_examples=3000), translate_min_freq=3,
-                    n_translate=128, translate_length=10,
+                    translate_length=10,
                     full_cfg=d2t.FULL.replace(num_examples=3000, vocab_size=600, batch_size=32,
                                               num_valid=100, num_test=100),
                     full_batches=4, full_epochs=2)
     return dict(cfg=d2t.CHAPTER, epochs=6, n_greedy=20, n_batch=1000, n_batch_1=100,
-                translate_cfg=d2t.CHAPTER.replace(embedding_size=128, ffn_hidden_size=512,
-                                                  dropout=0.1, num_steps=30, num_examples=None),
-                translate_min_freq=3, n_translate=2000, translate_length=30,
+                translate_length=30,
                 full_cfg=d2t.FULL, full_batches=24, full_epochs=3)
 
 
@@ -218,29 +223,28 @@ def batch_row(s, params_path, batch_size):
     return n / (time.time() - tic), {"sentences": n}
 
 def _translation_setup(s):
-    """(f): a model of the `full` preset's sizes (d=128, FFN 512, 4 heads, 2+2 layers) with
-    random weights (seed 0), word vocabularies of all pairs with min_freq 3 (~9k source / 13k
-    target tokens), and `n_translate` source sentences drawn at random (seed 0) from the corpus
-    (with random weights only their lengths matter)."""
+    """(f): a model of the `full` preset (d=128, FFN 512, 4 heads, 2+2 layers) with random
+    weights (seed 0), its own vocabularies (sentencepiece, 4,000 pieces a side) and the source
+    sentences of its held-out test split, tokenized by its tokenizer (with random weights only
+    their lengths matter)."""
     import mxnet as mx
-    import numpy as onp
     from mxnet import init
 
     import d2l_transformer as d2t
-    from d2l_transformer.data import RESERVED_TOKENS, Vocab, preprocess_nmt, read_data_nmt, tokenize_nmt
-    cfg = s["translate_cfg"]
-    source, target = tokenize_nmt(preprocess_nmt(read_data_nmt()), cfg.num_examples)
-    src_vocab = Vocab(source, min_freq=s["translate_min_freq"], reserved_tokens=RESERVED_TOKENS)
-    tgt_vocab = Vocab(target, min_freq=s["translate_min_freq"], reserved_tokens=RESERVED_TOKENS)
+    from d2l_transformer.data.split import split_corpus
+    from d2l_transformer.training.run import load_data
+    cfg = s["full_cfg"]
+    d2t.set_seed(0)
+    src_vocab, tgt_vocab, _, tokenizer = load_data(cfg, cfg.batch_size)
+    _, _, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, by=cfg.split_by)
     d2t.set_seed(0)
     model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
     model.initialize(init.Xavier(), ctx=mx.cpu())
-    pick = onp.random.RandomState(0).choice(len(source), s["n_translate"], replace=False)
-    return model, src_vocab, tgt_vocab, cfg, [source[i] for i in pick]
+    return model, src_vocab, tgt_vocab, cfg, [tokenizer.encode(t) for t in test.source]
 
 
 def translate_pair(s, beam):
-    """(f) sentences/s translating `n_translate` sentences 64 at a time, at most
+    """(f) sentences/s translating the test sources 64 at a time, at most
     `translate_length` tokens each (random weights: almost every sentence runs to that length),
     greedy or beam 4: the Translator and the former path (gluonnlp's BeamSearchSampler over the
     chapter's state, tests/decoding_reference.py) on the same batches, alternating batch by
@@ -662,7 +666,8 @@ def main(argv=None):
                 return {"value": value, "peak_rss_mb": _peak_rss_mb(), **extra}
             # a process per row: each row's own peak RSS
             cmd = [sys.executable, os.path.abspath(__file__), "--row", key, "--params", params]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={**os.environ, **ROW_ENV.get(key, {})})
             if proc.returncode:
                 raise RuntimeError(f"row {key} failed:\n{proc.stderr[-2000:]}")
             return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 
+from .. import _threads
 from ._launch_child import FAILED_MARKER
 
 LAUNCHERS = ("local", "ssh", "mpi")
@@ -107,6 +108,17 @@ def _interruptible():
     return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
 
+def job_env(environ, launcher, num_workers):
+    """The job's environment: this one, unbuffered, without this process's DMLC role; a local
+    job's workers share this machine's cores, so each may use cores / workers OpenMP threads
+    (`_threads.MAX_ENV`, unless set)."""
+    env = dict(environ, PYTHONUNBUFFERED="1")
+    env.pop("DMLC_ROLE", None)  # this process's role must not leak into the job's
+    if launcher == "local":
+        env.setdefault(_threads.MAX_ENV, str(max(1, _threads.physical_cores() // num_workers)))
+    return env
+
+
 def launch(command, num_workers, num_servers=1, launcher="local", hostfile=None, timeout=None,
            stream=None):
     """Run `command` as a ``dist_sync`` job through MXNet's launcher; returns the exit status:
@@ -114,8 +126,7 @@ def launch(command, num_workers, num_servers=1, launcher="local", hostfile=None,
     interrupted (130). Every process it started is stopped before it returns."""
     stream = sys.stdout if stream is None else stream
     argv = launch_command(command, num_workers, num_servers, launcher, hostfile)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("DMLC_ROLE", None)  # this process's role must not leak into the job's
+    env = job_env(os.environ, launcher, num_workers)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1, start_new_session=True,
                             env=dict(env, D2L_TRANSFORMER_LAUNCH_GROUP="1"))

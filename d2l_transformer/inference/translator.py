@@ -217,6 +217,9 @@ class Translator:
         sentences = [list(s) for s in sentences]
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # less padding
         out = [None] * len(sentences)
+        dec = self.model.decoder  # OpenMP threads for the output layer's size (`_threads`)
+        kernels.use_threads(min(self.batch_size, len(order)) * beam_size * dec.embedding_size
+                            * vocab)
         with self.ctx, kernels.fused(self.ctx):
             for start in range(0, len(order), self.batch_size):
                 part = order[start:start + self.batch_size]

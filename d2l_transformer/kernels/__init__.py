@@ -36,17 +36,20 @@ import warnings
 
 import mxnet as mx
 
+from .. import _threads
 from ..io import atomic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, name) for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc")]
+SOURCES = [os.path.join(HERE, name)
+           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "threads.cc")]
 HEADERS = [os.path.join(HERE, "common.h")]
 # -fno-trapping-math: no FP exception is ever read, so float selects and compares may be
 # vectorized (the softmax loops); it changes no value. -fopenmp (MXNet's own libgomp) when the
 # compiler has it: the kernels share their rows/heads between threads; without it, one thread.
 FLAGS = ["-O3", "-std=c++14", "-fno-trapping-math", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
-_state = {"loaded": None, "active": 0}  # loaded: None = not tried, True/False = the outcome
+_state = {"loaded": None, "active": 0,  # loaded: None = not tried, True/False = the outcome
+          "threads": 1}  # the engine's CPU worker's OpenMP threads (`use_threads`)
 
 
 def _mxnet_dir():
@@ -119,7 +122,8 @@ def load():
         try:
             mx.library.load(build(), verbose=False)
             _state["loaded"] = all(hasattr(mx.sym, op) for op in (
-                "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce"))
+                "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce",
+                "d2t_omp_threads"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
                           "using MXNet's operators (same numbers, slower)", stacklevel=2)
@@ -138,6 +142,21 @@ def fused(ctx):
         yield
     finally:
         _state["active"] -= on
+
+
+def use_threads(work):
+    """Run the CPU operators that follow with the threads `_threads.threads_for(work)` asks
+    for (one for small work, every physical core for big), where this package manages the
+    threads and the kernels load; else leave them alone. `work`: the multiply-adds of the
+    biggest product of one call (the output layer's rows x hidden x vocabulary). Returns the
+    thread count now in force, or None when it is not ours to set."""
+    n = _threads.threads_for(work)
+    if n is None or (n != _state["threads"] and not load()):
+        return None
+    if n != _state["threads"]:  # the engine runs it on its CPU worker, in order with the rest
+        mx.nd.d2t_omp_threads(mx.nd.zeros((1,), ctx=mx.cpu()), threads=n)
+        _state["threads"] = n
+    return n
 
 
 def active():

@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as onp
 from mxnet import autograd, init
 
+from .. import kernels
 from ..dist.kvstore import GlobalSum, is_distributed
 from .loss import MaskedSoftmaxCELoss
 from .optim import grad_clipping, make_trainer
@@ -113,6 +114,10 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             # a single device gets the batch here; `_parallel_step` splits it across devices
             X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
+            if not done and epoch == start_epoch:  # OpenMP threads for this size (`_threads`)
+                dec = model.decoder
+                kernels.use_threads(X.shape[0] // len(ctxs) * Y_label.shape[1]
+                                    * dec.embedding_size * dec.dense._units)
             batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
             loss_sum += batch_loss  # device arrays on the fast path: no sync here
             ce_sum += batch_loss * (Y_label.shape[1] if per_width else 1)  # undo the mean over positions

@@ -1,0 +1,88 @@
+"""OpenMP threads per workload (d2l_transformer/_threads.py, `kernels.use_threads`): one thread
+for the chapter's sizes, every core for the `full` preset's, never against the user's own
+setting."""
+
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import pytest
+from test_kernels import (
+    loaded,  # noqa: F401
+    needs_kernels,  # noqa: F401 - the fixture it marks with
+)
+
+from d2l_transformer import _threads, kernels
+from d2l_transformer.dist.launch import job_env
+
+PROBE = ("import json, os, sys; {pre}import d2l_transformer; from d2l_transformer import _threads; "
+         "print(json.dumps([os.environ.get('OMP_NUM_THREADS'), _threads._state['managed']]))")
+
+
+def _probe(env, pre=""):
+    """(OMP_NUM_THREADS, managed) in a fresh interpreter with `env` over a clean environment."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS", _threads.ENV, _threads._MARK)}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(pre=pre)], env={**base, **env},
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_configure_at_import():
+    assert _probe({})[0] == ["1", True]  # one thread until big work asks for more
+    assert _probe({_threads.ENV: "3"})[0] == ["3", True]
+    assert _probe({_threads.ENV: "mxnet"})[0] == [None, False]  # MXNet's own choice
+    assert _probe({"OMP_NUM_THREADS": "2"})[0] == ["2", False]  # the user's, never overridden
+    assert _probe({"MXNET_OMP_MAX_THREADS": "2"})[0] == [None, False]
+    assert _probe({}, pre="import mxnet; ")[0] == [None, False]  # MXNet read its settings first
+    # a child of a managed process (dist workers, benchmark rows) is managed too
+    assert _probe({"OMP_NUM_THREADS": "1", _threads._MARK: "1"})[0] == ["1", True]
+    result, err = _probe({_threads.ENV: "lots"})
+    assert result == ["1", True] and "is not auto, mxnet or a number" in err
+
+
+def test_threads_for(monkeypatch):
+    monkeypatch.setitem(_threads._state, "managed", True)
+    monkeypatch.delenv(_threads.ENV, raising=False)
+    monkeypatch.delenv(_threads.MAX_ENV, raising=False)
+    chapter = 64 * 10 * 32 * 201  # the chapter's output layer per training step
+    full = 256 * 15 * 128 * 4000  # the `full` preset's
+    assert _threads.threads_for(chapter) == 1
+    assert _threads.threads_for(full) == _threads.physical_cores()
+    monkeypatch.setenv(_threads.MAX_ENV, "1")
+    assert _threads.threads_for(full) == 1
+    monkeypatch.setenv(_threads.ENV, "3")
+    assert _threads.threads_for(chapter) == 3
+    monkeypatch.setitem(_threads._state, "managed", False)
+    assert _threads.threads_for(full) is None
+
+
+def test_local_job_shares_the_cores():
+    cores = _threads.physical_cores()
+    assert job_env({}, "local", 2)[_threads.MAX_ENV] == str(max(1, cores // 2))
+    assert job_env({_threads.MAX_ENV: "5"}, "local", 2)[_threads.MAX_ENV] == "5"
+    assert _threads.MAX_ENV not in job_env({}, "ssh", 2)  # other machines' cores
+
+
+@needs_kernels
+def test_use_threads_switches_the_engine_thread(monkeypatch):
+    if not _threads._state["managed"]:
+        pytest.skip("the thread count is the user's here (OMP_NUM_THREADS or MXNet imported first)")
+    monkeypatch.delenv(_threads.ENV, raising=False)
+    monkeypatch.delenv(_threads.MAX_ENV, raising=False)
+
+    def now():  # the count in force on the engine's CPU worker, read by the operator itself
+        return int(mx.nd.d2t_omp_threads(mx.nd.zeros((1,))).asnumpy()[0])
+
+    x = mx.np.random.uniform(size=(512, 128))
+    w = mx.np.random.uniform(size=(1000, 128))
+    try:
+        assert kernels.use_threads(_threads.BIG_WORK) == _threads.physical_cores() == now()
+        big = mx.npx.fully_connected(x, w, no_bias=True, num_hidden=1000).asnumpy()
+        assert kernels.use_threads(10) == 1 == now()
+        small = mx.npx.fully_connected(x, w, no_bias=True, num_hidden=1000).asnumpy()
+        assert abs(big - small).max() <= 1e-4 * abs(small).max()  # the same product
+    finally:
+        kernels.use_threads(0)
