@@ -17,10 +17,11 @@ and positional encoding restarting at row 0 on every prediction step.
 
 import math
 
+import mxnet as mx
 from mxnet import autograd, np
 from mxnet.gluon import nn
 
-from . import _graphs
+from . import _graphs, kernels
 from .attention import _F, MultiHeadAttention
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN, make_norm
 
@@ -361,8 +362,11 @@ class DecoderStep(nn.HybridBlock):
             K, V, K_enc, V_enc = caches[4 * i:4 * i + 4]
             Xn = blk.addnorm_1.prenorm(X)
             k, v = blk.attention_1.project_kv(Xn)  # the new position only: (rows, 1, hidden)
-            K = F.np.concatenate([k, K[:, :-1]], axis=1)  # (rows, max_len, hidden), newest first
-            V = F.np.concatenate([v, V[:, :-1]], axis=1)
+            if F is mx.sym and kernels.active():  # one copy instead of slice + concatenate
+                K, V = kernels.shift_in(F, k, K), kernels.shift_in(F, v, V)
+            else:
+                K = F.np.concatenate([k, K[:, :-1]], axis=1)  # (rows, max_len, hidden), newest first
+                V = F.np.concatenate([v, V[:, :-1]], axis=1)
             X = blk._sublayers(X, Xn, None, self_length, None, enc_valid_length,
                                [K, V, K_enc, V_enc])
             new_caches += [K, V]

@@ -2,6 +2,7 @@
 MXNet's operators / the chapter's ops compute, forward and backward, and are used exactly where
 they should be (graphs traced under `kernels.fused` on a CPU)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -520,3 +521,34 @@ def test_fast_full_training_with_dropout_learns_and_repeats():
         runs.append(losses)
     assert onp.isfinite(runs[0]).all() and runs[0][-1] < runs[0][0] - 0.1, runs[0]
     assert runs[0] == runs[1]
+
+
+class _ShiftIn(nn.HybridBlock):
+    def hybrid_forward(self, F, new, cache):
+        if kernels.active():
+            return kernels.shift_in(F, new, cache)
+        return F.np.concatenate([new, cache[:, :-1]], axis=1)  # (rows, L, hidden)
+
+
+@needs_kernels
+def test_shift_in_equals_slice_and_concatenate():
+    """The decoding cache's one-copy update: value and gradients equal MXNet's slice +
+    concatenate (bit for bit: both only move numbers)."""
+    rng = onp.random.RandomState(0)
+    new, cache = rng.randn(5, 1, 8).astype("float32"), rng.randn(5, 7, 8).astype("float32")
+    head = rng.randn(5, 7, 8).astype("float32")
+    results = []
+    for fused in (False, True):
+        block = _ShiftIn()
+        block.hybridize()
+        a, b = np.array(new), np.array(cache)
+        a.attach_grad()
+        b.attach_grad()
+        with autograd.record(), (kernels.fused(mx.cpu()) if fused else contextlib.nullcontext()):
+            out = block(a, b)
+        out.backward(np.array(head))
+        results.append([out.asnumpy(), a.grad.asnumpy(), b.grad.asnumpy()])
+        if fused:
+            assert "d2t_shift_in" in block._cached_graph[1].tojson()
+    for x, y in zip(*results):
+        assert (x == y).all()

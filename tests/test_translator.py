@@ -44,6 +44,21 @@ def _translator(model, src_vocab, tgt_vocab, **kwargs):
     return Translator(model, src_vocab, tgt_vocab, CTX, num_steps=CFG.num_steps, **kwargs)
 
 
+def test_greedy_update_is_the_beam_update_of_one_beam():
+    """The greedy shortcut equals the general step (sorting candidates against finished beams)
+    for one beam, bit for bit: scores, words, parents, with live and finished sentences."""
+    rng = onp.random.RandomState(0)
+    for t in (1, 2, 7):
+        log_probs = onp.log(rng.dirichlet(onp.ones(50), size=6)).astype("float32")  # (6, 50)
+        scores = rng.uniform(-5, 0, size=(6, 1)).astype("float32")
+        alive = onp.array([[True], [False], [True], [True], [False], [True]])
+        prev_lp, lp = translator_module.Translator._penalties(t, 0.6)
+        fast = translator_module._greedy_update(log_probs.copy(), scores, alive, prev_lp, lp)
+        general = translator_module._top_k_update(log_probs.copy(), scores, alive, 1, prev_lp, lp)
+        for x, y in zip(fast, general):
+            assert x.dtype == y.dtype and x.shape == y.shape and (x == y).all(), (x, y)
+
+
 def test_length_penalty():
     assert length_penalty(1, 0.6) == 1.0 and length_penalty(7, 0.6) == pytest.approx(2 ** 0.6)
     assert length_penalty(13, 0.0) == 1.0

@@ -140,6 +140,14 @@ def _beam_update(log_probs, scores, alive, k, prev_lp, lp):
     ``(scores, words, parents)``, each (B, k), best first: words is -1 where a finished beam
     keeps its place, parents the beam each new beam continues. Each live beam's k best tokens
     are the only ones of it that can be among its sentence's k best candidates."""
+    if k == 1:
+        return _greedy_update(log_probs, scores, alive, prev_lp, lp)
+    return _top_k_update(log_probs, scores, alive, k, prev_lp, lp)
+
+
+def _top_k_update(log_probs, scores, alive, k, prev_lp, lp):
+    """`_beam_update` for any k: the k best of each live beam's k best tokens and the finished
+    beams, by sorting."""
     B = scores.shape[0]
     values, ids = _row_top_k(log_probs, k)  # (B*k, k)
     cand = (values.reshape(B, k, k) + (scores * prev_lp)[:, :, None]) / lp  # GNMT, (B, k, k)
@@ -153,6 +161,16 @@ def _beam_update(log_probs, scores, alive, k, prev_lp, lp):
     words = onp.where(kept, -1, onp.take_along_axis(ids.reshape(B, k * k),
                                                     onp.where(kept, 0, pos), axis=1))
     return new_scores, words, parents
+
+
+def _greedy_update(log_probs, scores, alive, prev_lp, lp):
+    """`_beam_update` for one beam, the same float32 arithmetic without the sorting (0.4 ms of
+    a ~5 ms greedy step at batch 64): a live sentence takes its best token, a finished one
+    keeps its score. log_probs: (B, V); scores, alive: (B, 1)."""
+    ids = log_probs.argmax(axis=1)[:, None]  # (B, 1)
+    cand = (onp.take_along_axis(log_probs, ids, axis=1) + scores * prev_lp) / lp  # GNMT, (B, 1)
+    return (onp.where(alive, cand, scores), onp.where(alive, ids, -1),
+            onp.zeros(scores.shape, dtype=ids.dtype))
 
 
 class Translator:

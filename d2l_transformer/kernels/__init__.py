@@ -41,7 +41,7 @@ from ..io import atomic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name)
-           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "threads.cc")]
+           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "cache.cc", "threads.cc")]
 HEADERS = [os.path.join(HERE, "common.h")]
 # -fno-trapping-math: no FP exception is ever read, so float selects and compares may be
 # vectorized (the softmax loops); it changes no value. -fopenmp (MXNet's own libgomp) when the
@@ -123,7 +123,7 @@ def load():
             mx.library.load(build(), verbose=False)
             _state["loaded"] = all(hasattr(mx.sym, op) for op in (
                 "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce",
-                "d2t_omp_threads"))
+                "d2t_shift_in", "d2t_omp_threads"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
                           "using MXNet's operators (same numbers, slower)", stacklevel=2)
@@ -201,6 +201,13 @@ def attention(F, query, key, value, valid_length, num_heads, causal, scale, drop
     op = F.d2t_attention if valid_length is None else F.d2t_attention_masked
     out = op(*nd, **attrs)
     return (out[0] if dropout > 0 else out).as_np_ndarray()  # (batch, Tq, hidden)
+
+
+def shift_in(F, new, cache):
+    """``concatenate([new, cache[:, :-1]], axis=1)`` in one operator (`cache.cc`), in a graph:
+    the decoding step's key/value cache taking its newest position in front. new: (rows, 1,
+    hidden); cache: (rows, L, hidden)."""
+    return F.d2t_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray()).as_np_ndarray()
 
 
 def training_flag(F):
