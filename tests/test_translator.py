@@ -66,8 +66,9 @@ def test_length_penalty():
 
 @pytest.mark.parametrize("which", ["trained", "untrained"])
 def test_beam_one_is_greedy_is_predict_s2s_ch8(setup, which):
-    """Beam 1 == greedy (the default) == predict_s2s_ch8 == the chapter's state decoding one
-    sentence at a time, token for token on 50 sentences; the scores are the teacher-forced
+    """Beam 1 == greedy (the default, pipelined) == the beam loop with one beam (tokens and
+    scores) == predict_s2s_ch8 == the chapter's state decoding one sentence at a time, token
+    for token on 50 sentences; the scores are the teacher-forced
     log-probabilities over the GNMT length penalty."""
     models, src_vocab, tgt_vocab, sentences = setup
     model = models[which]
@@ -75,6 +76,12 @@ def test_beam_one_is_greedy_is_predict_s2s_ch8(setup, which):
     greedy = translator.translate(sentences)
     beam1 = translator.translate(sentences, beam_size=1)
     assert greedy == beam1  # tokens and scores
+    with CTX, kernels.fused(CTX):  # the beam loop with one beam: the pipelined greedy's equal
+        for early_stop in (True, False):
+            searched = translator._search(sentences, 1, 0.6, early_stop)
+            assert translator._greedy(sentences, 0.6, early_stop) == searched
+    assert [h.tokens for h in greedy] == [
+        h.tokens for h in translator.translate(sentences, early_stop=False)]
     assert len({tuple(h.tokens) for h in greedy}) > 5  # non-trivial outputs
     for tokens, hyp in zip(sentences, greedy):
         assert " ".join(hyp.tokens) == d2t.predict_s2s_ch8(model, " ".join(tokens), src_vocab,
@@ -317,7 +324,7 @@ def test_switching_kernels_off_traces_the_step_again(setup, monkeypatch):
     model = _fresh_model(src_vocab, tgt_vocab)
     translator = _translator(model, src_vocab, tgt_vocab)
     with_kernels = translator.translate(sentences[:10])
-    step = translator_module._GRAPHS[model][("step", "cpu")]
+    step = translator_module._GRAPHS[model][("greedy step", "cpu")]
     if kernels.load():
         assert "d2t_" in step._cached_graph[1].tojson()
     monkeypatch.setenv("D2L_TRANSFORMER_KERNELS", "0")

@@ -26,6 +26,7 @@ the beams is a few NumPy operations on (sentences, beams, beams) arrays.
 """
 
 import collections
+import functools
 import warnings
 import weakref
 
@@ -100,6 +101,24 @@ class _BeamStep(nn.HybridBlock):
         return self.step(tokens, position, enc_valid_length, *caches)
 
 
+class _GreedyStep(nn.HybridBlock):
+    """`DecoderStep` that also picks each row's best next token on the device:
+    ``(tokens (B, 1), position, enc_valid_length, *caches) -> (next (B, 1), log_prob (B,),
+    *self_caches)``; `next` is the step's argmax (the first of equal maxima, as NumPy's) and
+    feeds the next step directly, so the host reads two small arrays after the device has
+    already moved on (`Translator._greedy`)."""
+
+    def __init__(self, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.step = DecoderStep(decoder)
+
+    def hybrid_forward(self, F, tokens, position, enc_valid_length, *caches):
+        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, *caches)
+        best = F.np.argmax(log_probs, axis=1)  # (B,)
+        return (F.np.expand_dims(best.astype("float32"), 1),  # (B, 1): the next step's tokens
+                F.npx.pick(log_probs, best, axis=1), *new_caches)  # its log-probability: (B,)
+
+
 class _AttentionProbe(nn.HybridBlock):
     """One teacher-forced pass (encoder, causal graph decoder) whose outputs are the attention
     weights of every active block: encoder self, decoder self, encoder-decoder, each
@@ -163,12 +182,16 @@ def _top_k_update(log_probs, scores, alive, k, prev_lp, lp):
     return new_scores, words, parents
 
 
-def _greedy_update(log_probs, scores, alive, prev_lp, lp):
-    """`_beam_update` for one beam, the same float32 arithmetic without the sorting (0.4 ms of
-    a ~5 ms greedy step at batch 64): a live sentence takes its best token, a finished one
-    keeps its score. log_probs: (B, V); scores, alive: (B, 1)."""
-    ids = log_probs.argmax(axis=1)[:, None]  # (B, 1)
-    cand = (onp.take_along_axis(log_probs, ids, axis=1) + scores * prev_lp) / lp  # GNMT, (B, 1)
+def _greedy_update(log_probs, scores, alive, prev_lp, lp, picked=None):
+    """`_beam_update` for one beam, the same float32 arithmetic without the sorting: a live
+    sentence takes its best token, a finished one keeps its score. log_probs: (B, V); scores,
+    alive: (B, 1). ``picked``: ``(ids (B, 1), their log-probabilities (B, 1))`` chosen on the
+    device (`_GreedyStep`), instead of log_probs (None then)."""
+    if picked is None:
+        ids = log_probs.argmax(axis=1)[:, None]  # (B, 1)
+        picked = ids, onp.take_along_axis(log_probs, ids, axis=1)
+    ids, values = picked
+    cand = (values + scores * prev_lp) / lp  # GNMT, (B, 1)
     return (onp.where(alive, cand, scores), onp.where(alive, ids, -1),
             onp.zeros(scores.shape, dtype=ids.dtype))
 
@@ -241,7 +264,9 @@ class Translator:
         with self.ctx, kernels.fused(self.ctx):
             for start in range(0, len(order), self.batch_size):
                 part = order[start:start + self.batch_size]
-                hyps = self._search([sentences[i] for i in part], beam_size, alpha, early_stop)
+                batch = [sentences[i] for i in part]
+                hyps = (self._greedy(batch, alpha, early_stop) if beam_size == 1
+                        else self._search(batch, beam_size, alpha, early_stop))
                 for i, hyp in zip(part, hyps):
                     out[i] = hyp
         return out
@@ -253,15 +278,13 @@ class Translator:
             X = np.ones((1, 2), ctx=self.ctx)  # (batch, seq_len)
             self.model(X, X, np.array([2], ctx=self.ctx))
 
-    def _search(self, sentences, k, alpha, early_stop):
+    def _start(self, sentences, k):
+        """The encoder's keys/values and the empty caches of a batch, `k` rows per sentence:
+        ``(caches, valid_length (B*k,), limits (B,), steps)``."""
         self._initialized()
-        model, kind = self.model, self.ctx.device_type
-        encode = _graph(model, ("encoder", kind), lambda: EncoderKV(model))
-        if k == 1:
-            step = _graph(model, ("step", kind), lambda: DecoderStep(model.decoder))
-        else:
-            step = _graph(model, ("beam step", kind), lambda: _BeamStep(model.decoder))
-        B, ctx = len(sentences), self.ctx
+        encode = _graph(self.model, ("encoder", self.ctx.device_type),
+                        lambda: EncoderKV(self.model))
+        B = len(sentences)
         X, valid_length = self.encode_source(sentences)
         enc_kv = list(_run(encode, X, valid_length))  # 2 per block: (B, T, hidden)
         if k > 1:  # a row per beam: rows b * k ... b * k + k - 1 are sentence b's beams
@@ -269,10 +292,21 @@ class Translator:
             valid_length = np.repeat(valid_length, k, axis=0)  # (B * k,)
         limits = onp.array([self._limit(len(s)) for s in sentences])  # (B,)
         steps = int(limits.max())
-        empty = np.zeros((B * k, steps, enc_kv[0].shape[-1]), ctx=ctx)  # (B*k, steps, hidden)
+        empty = np.zeros((B * k, steps, enc_kv[0].shape[-1]), ctx=self.ctx)  # (B*k, steps, hidden)
         caches = []
         for i in range(0, len(enc_kv), 2):
             caches += [empty, empty, enc_kv[i], enc_kv[i + 1]]
+        return caches, valid_length, limits, steps
+
+    def _search(self, sentences, k, alpha, early_stop):
+        """Beam search (any k; `translate` runs k = 1 as `_greedy`, its equal)."""
+        model, kind = self.model, self.ctx.device_type
+        if k == 1:
+            step = _graph(model, ("step", kind), lambda: DecoderStep(model.decoder))
+        else:
+            step = _graph(model, ("beam step", kind), lambda: _BeamStep(model.decoder))
+        caches, valid_length, limits, steps = self._start(sentences, k)
+        B, ctx = len(sentences), self.ctx
         scores = onp.full((B, k), NEG, dtype="float32")
         scores[:, 0] = 0  # one live beam to start from: the others would only repeat it
         alive = onp.ones((B, k), dtype=bool)
@@ -281,8 +315,11 @@ class Translator:
         control = np.array(control[:, :1] if k == 1 else control, ctx=ctx)  # (B * k, 1 or 2)
         positions = self._positions(steps)
         words, parents = [], []
+        run = functools.partial(_run, step)  # the first step traces (or checks) the graph
         for t in range(1, steps + 1):
-            log_probs, *self_kv = _run(step, control, positions[t - 1], valid_length, *caches)
+            log_probs, *self_kv = run(control, positions[t - 1], valid_length, *caches)
+            if t == 1:  # then its operator runs with the weights looked up once (`_graphs.bound`)
+                run = _graphs.bound(step)
             caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
             prev_lp, lp = self._penalties(t, alpha)
             scores, word, parent = _beam_update(log_probs.asnumpy(), scores, alive, k, prev_lp, lp)
@@ -297,6 +334,41 @@ class Translator:
                 tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)
             control = np.array(tokens, ctx=ctx)  # the step's one upload
         return self._hypotheses(onp.stack(words), onp.stack(parents), scores)
+
+    def _greedy(self, sentences, alpha, early_stop):
+        """`_search` with one beam, token for token and score for score (tested), pipelined:
+        the device picks each step's tokens (`_GreedyStep`) and runs the next step while the
+        host reads this one's two small outputs and keeps the books (`_greedy_update`), so
+        the host's work (~1 ms a step at batch 64) overlaps the device's. A sentence that has
+        finished keeps being fed its argmax, which nothing reads; when all have finished, the
+        one step already started is dropped."""
+        model = self.model
+        step = _graph(model, ("greedy step", self.ctx.device_type),
+                      lambda: _GreedyStep(model.decoder))
+        caches, valid_length, limits, steps = self._start(sentences, 1)
+        B = len(sentences)
+        scores, alive = onp.zeros((B, 1), dtype="float32"), onp.ones((B, 1), dtype=bool)
+        tokens = np.full((B, 1), self.bos, ctx=self.ctx)  # (B, 1)
+        positions = self._positions(steps)
+        words, run, done = [], functools.partial(_run, step), None
+        for t in range(1, steps + 2):
+            if t <= steps:  # step t starts on the device ...
+                tokens, best, *self_kv = run(tokens, positions[t - 1], valid_length, *caches)
+                if t == 1:
+                    run = _graphs.bound(step)
+                caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
+            if done is not None:  # ... while the host reads step t - 1's picks
+                ids, values = done
+                prev_lp, lp = self._penalties(t - 1, alpha)
+                picked = (ids.asnumpy().astype("int64"), values.asnumpy()[:, None])  # (B, 1) each
+                scores, word, _ = _greedy_update(None, scores, alive, prev_lp, lp, picked)
+                alive &= (word != self.eos) & (limits[:, None] > t - 1)
+                words.append(word)
+                if (early_stop and not alive.any()) or t > steps:
+                    break
+            done = tokens, best
+        words = onp.stack(words)  # (steps run, B, 1)
+        return self._hypotheses(words, onp.zeros_like(words), scores)
 
     def _positions(self, steps):
         """``[array([0]), ..., array([steps - 1])]`` on the device, uploaded once."""
