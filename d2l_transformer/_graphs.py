@@ -64,8 +64,8 @@ def bound(graph):
     positional arrays and the weights it holds now, returning its outputs as a list.
 
     Gluon's call (``HybridBlock._call_cached_op``, MXNet 1.9) flattens and checks the inputs and
-    looks up every weight (``Parameter.data()``) at each call: ~0.4 ms of a ~2 ms decoding step
-    of the `full` model at batch 64, on one CPU thread that the step then waits for. Valid while
+    looks up every weight (``Parameter.data()``) at each call: ~0.4 ms per step of the `full`
+    model at batch 64 (a step is ~5 ms), during which the device has nothing to do. Valid while
     the graph and its weights stay as they are (one translation call: the translator runs one
     call at a time per model, and `invalidate` never runs inside one); positional arrays only.
     """

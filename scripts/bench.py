@@ -20,9 +20,8 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
 (e) scale-out: the fast path on 2 CPU contexts and on 2 dist_sync worker processes;
 (f) translation sentences/s of a `full` model (random weights, its 4,000-piece vocabularies, the
     2,000 sources of its test split, 30 tokens each, batches of 64, start-up excluded), greedy
-    and beam 4: the
-    translator vs the former path (gluonnlp's BeamSearchSampler over the chapter's state), the
-    two alternating batch by batch in one process (the same load for both);
+    and beam 4: the translator vs the former path (gluonnlp's BeamSearchSampler over the
+    chapter's state), the two alternating batch by batch in one process (the same load for both);
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99

@@ -45,17 +45,20 @@ def _translator(model, src_vocab, tgt_vocab, **kwargs):
 
 
 def test_greedy_update_is_the_beam_update_of_one_beam():
-    """The greedy shortcut equals the general step (sorting candidates against finished beams)
-    for one beam, bit for bit: scores, words, parents, with live and finished sentences."""
+    """The greedy bookkeeping equals the beam update (sorting candidates against finished
+    beams) with one beam, bit for bit: scores and words, with live and finished sentences."""
     rng = onp.random.RandomState(0)
     for t in (1, 2, 7):
         log_probs = onp.log(rng.dirichlet(onp.ones(50), size=6)).astype("float32")  # (6, 50)
         scores = rng.uniform(-5, 0, size=(6, 1)).astype("float32")
         alive = onp.array([[True], [False], [True], [True], [False], [True]])
         prev_lp, lp = translator_module.Translator._penalties(t, 0.6)
-        fast = translator_module._greedy_update(log_probs.copy(), scores, alive, prev_lp, lp)
-        general = translator_module._top_k_update(log_probs.copy(), scores, alive, 1, prev_lp, lp)
-        for x, y in zip(fast, general):
+        ids = log_probs.argmax(axis=1)[:, None]  # what the device picks: (6, 1)
+        greedy = translator_module._greedy_update(
+            ids, onp.take_along_axis(log_probs, ids, axis=1), scores, alive, prev_lp, lp)
+        beam = translator_module._beam_update(log_probs.copy(), scores, alive, 1, prev_lp, lp)
+        assert (beam[2] == 0).all()  # one beam: every parent is beam 0
+        for x, y in zip(greedy, beam[:2]):
             assert x.dtype == y.dtype and x.shape == y.shape and (x == y).all(), (x, y)
 
 

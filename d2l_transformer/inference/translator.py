@@ -15,14 +15,17 @@ beams for the sentence's `beam_size` places. Beams are batch rows: one step grap
 (`model.DecoderStep` with a key/value cache, static shapes) runs on (sentences x beams) rows;
 the self-attention caches follow their beams (``take`` at the start of the next step); the
 encoder's keys and values (`model.EncoderKV`) are projected once per sentence. Greedy decoding
-is beam size 1 — the same code, so beam 1 is greedy token for token and score for score. A
-sentence emits at most `max_length` tokens (an unfinished hypothesis is scored without
-``<eos>``); a batch stops when all its beams have finished.
+(beam size 1) runs the same step graph and the same score, pipelined (`Translator._greedy`), and
+equals this search with one beam token for token and score for score (tested). A sentence
+emits at most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``); a
+batch stops when all its beams have finished.
 
-One host read per step: the step's log-probabilities, from which NumPy picks each row's best
-tokens (on a CPU this is a memory copy; MXNet's CPU ``topk``/``argmax`` reduce each row in one
-thread and took ~5x longer than the copy and NumPy's ``argmax`` together). The bookkeeping of
-the beams is a few NumPy operations on (sentences, beams, beams) arrays.
+Beam search reads the step's log-probabilities once per step, and NumPy picks each row's best
+tokens (on a CPU this is a memory copy; MXNet's CPU ``topk`` reduces each row in one thread and
+took ~5x longer than the copy and NumPy's ``argmax`` together); the bookkeeping of the beams is
+a few NumPy operations on (sentences, beams, beams) arrays. Greedy decoding takes MXNet's
+``argmax`` on the device instead (~0.5 ms at batch 64), because then the next step can start
+before the host reads anything.
 """
 
 import collections
@@ -104,9 +107,8 @@ class _BeamStep(nn.HybridBlock):
 class _GreedyStep(nn.HybridBlock):
     """`DecoderStep` that also picks each row's best next token on the device:
     ``(tokens (B, 1), position, enc_valid_length, *caches) -> (next (B, 1), log_prob (B,),
-    *self_caches)``; `next` is the step's argmax (the first of equal maxima, as NumPy's) and
-    feeds the next step directly, so the host reads two small arrays after the device has
-    already moved on (`Translator._greedy`)."""
+    *self_caches)``; `next` is the step's argmax and feeds the next step directly, so the host
+    reads two small arrays after the device has already moved on (`Translator._greedy`)."""
 
     def __init__(self, decoder, **kwargs):
         super().__init__(**kwargs)
@@ -159,14 +161,6 @@ def _beam_update(log_probs, scores, alive, k, prev_lp, lp):
     ``(scores, words, parents)``, each (B, k), best first: words is -1 where a finished beam
     keeps its place, parents the beam each new beam continues. Each live beam's k best tokens
     are the only ones of it that can be among its sentence's k best candidates."""
-    if k == 1:
-        return _greedy_update(log_probs, scores, alive, prev_lp, lp)
-    return _top_k_update(log_probs, scores, alive, k, prev_lp, lp)
-
-
-def _top_k_update(log_probs, scores, alive, k, prev_lp, lp):
-    """`_beam_update` for any k: the k best of each live beam's k best tokens and the finished
-    beams, by sorting."""
     B = scores.shape[0]
     values, ids = _row_top_k(log_probs, k)  # (B*k, k)
     cand = (values.reshape(B, k, k) + (scores * prev_lp)[:, :, None]) / lp  # GNMT, (B, k, k)
@@ -182,18 +176,14 @@ def _top_k_update(log_probs, scores, alive, k, prev_lp, lp):
     return new_scores, words, parents
 
 
-def _greedy_update(log_probs, scores, alive, prev_lp, lp, picked=None):
+def _greedy_update(ids, values, scores, alive, prev_lp, lp):
     """`_beam_update` for one beam, the same float32 arithmetic without the sorting: a live
-    sentence takes its best token, a finished one keeps its score. log_probs: (B, V); scores,
-    alive: (B, 1). ``picked``: ``(ids (B, 1), their log-probabilities (B, 1))`` chosen on the
-    device (`_GreedyStep`), instead of log_probs (None then)."""
-    if picked is None:
-        ids = log_probs.argmax(axis=1)[:, None]  # (B, 1)
-        picked = ids, onp.take_along_axis(log_probs, ids, axis=1)
-    ids, values = picked
+    sentence takes its best token, a finished one keeps its score. ids, values: each row's best
+    token and its log-probability (B, 1), picked on the device (`_GreedyStep`); scores, alive:
+    (B, 1). Returns ``(scores, words)``, words -1 where a sentence had finished (no parents:
+    one beam)."""
     cand = (values + scores * prev_lp) / lp  # GNMT, (B, 1)
-    return (onp.where(alive, cand, scores), onp.where(alive, ids, -1),
-            onp.zeros(scores.shape, dtype=ids.dtype))
+    return onp.where(alive, cand, scores), onp.where(alive, ids, -1)
 
 
 class Translator:
@@ -299,12 +289,9 @@ class Translator:
         return caches, valid_length, limits, steps
 
     def _search(self, sentences, k, alpha, early_stop):
-        """Beam search (any k; `translate` runs k = 1 as `_greedy`, its equal)."""
-        model, kind = self.model, self.ctx.device_type
-        if k == 1:
-            step = _graph(model, ("step", kind), lambda: DecoderStep(model.decoder))
-        else:
-            step = _graph(model, ("beam step", kind), lambda: _BeamStep(model.decoder))
+        """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1)."""
+        model = self.model
+        step = _graph(model, ("beam step", self.ctx.device_type), lambda: _BeamStep(model.decoder))
         caches, valid_length, limits, steps = self._start(sentences, k)
         B, ctx = len(sentences), self.ctx
         scores = onp.full((B, k), NEG, dtype="float32")
@@ -312,7 +299,7 @@ class Translator:
         alive = onp.ones((B, k), dtype=bool)
         shift = onp.arange(0, B * k, k)[:, None]  # (B, 1): each sentence's first row
         control = onp.stack([onp.full(B * k, self.bos), onp.arange(B * k)], axis=1)  # token, row
-        control = np.array(control[:, :1] if k == 1 else control, ctx=ctx)  # (B * k, 1 or 2)
+        control = np.array(control, ctx=ctx)  # (B * k, 2)
         positions = self._positions(steps)
         words, parents = [], []
         run = functools.partial(_run, step)  # the first step traces (or checks) the graph
@@ -330,8 +317,7 @@ class Translator:
             if early_stop and not alive.any():
                 break
             tokens = onp.maximum(word, 0).reshape(-1, 1)  # (B * k, 1); finished beams: any
-            if k > 1:  # and the row each beam continues
-                tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)
+            tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)  # + row
             control = np.array(tokens, ctx=ctx)  # the step's one upload
         return self._hypotheses(onp.stack(words), onp.stack(parents), scores)
 
@@ -360,8 +346,8 @@ class Translator:
             if done is not None:  # ... while the host reads step t - 1's picks
                 ids, values = done
                 prev_lp, lp = self._penalties(t - 1, alpha)
-                picked = (ids.asnumpy().astype("int64"), values.asnumpy()[:, None])  # (B, 1) each
-                scores, word, _ = _greedy_update(None, scores, alive, prev_lp, lp, picked)
+                scores, word = _greedy_update(ids.asnumpy().astype("int64"),  # (B, 1)
+                                              values.asnumpy()[:, None], scores, alive, prev_lp, lp)
                 alive &= (word != self.eos) & (limits[:, None] > t - 1)
                 words.append(word)
                 if (early_stop and not alive.any()) or t > steps:

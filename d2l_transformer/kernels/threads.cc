@@ -32,12 +32,6 @@ MXReturnValue forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
   return MX_SUCCESS;
 }
 
-MXReturnValue parse_attrs(const d2t::Attrs& attrs, int* num_in, int* num_out) {
-  *num_in = 1;
-  *num_out = 1;
-  return MX_SUCCESS;
-}
-
 MXReturnValue infer_type(const d2t::Attrs& attrs, std::vector<int>* in_types,
                          std::vector<int>* out_types) {
   (*out_types)[0] = kFloat32;
@@ -55,6 +49,6 @@ MXReturnValue infer_shape(const d2t::Attrs& attrs,
 
 REGISTER_OP(d2t_omp_threads)
 .setForward(forward, "cpu")
-.setParseAttrs(parse_attrs)
+.setParseAttrs(d2t::parse_attrs<1>)
 .setInferType(infer_type)
 .setInferShape(infer_shape);
