@@ -14,7 +14,7 @@ from test_kernels import (
     needs_kernels,  # noqa: F401 - the fixture it marks with
 )
 
-from d2l_transformer import _threads, kernels
+from d2l_transformer import _compat, _threads, kernels
 from d2l_transformer.dist.launch import job_env
 
 PROBE = ("import json, os, sys; {pre}import d2l_transformer; from d2l_transformer import _threads; "
@@ -36,7 +36,10 @@ def test_configure_at_import():
     assert _probe({_threads.ENV: "mxnet"})[0] == [None, False]  # MXNet's own choice
     assert _probe({"OMP_NUM_THREADS": "2"})[0] == ["2", False]  # the user's, never overridden
     assert _probe({"MXNET_OMP_MAX_THREADS": "2"})[0] == [None, False]
-    assert _probe({}, pre="import mxnet; ")[0] == [None, False]  # MXNet read its settings first
+    # MXNet read its settings first (after NumPy's aliases, without which it cannot import on
+    # the NumPy that Python 3.12+ needs: d2l_transformer/_compat.py, run on its own)
+    pre = f"import runpy; runpy.run_path({_compat.__file__!r}); import mxnet; "
+    assert _probe({}, pre=pre)[0] == [None, False]
     # a child of a managed process (dist workers, benchmark rows) is managed too
     assert _probe({"OMP_NUM_THREADS": "1", _threads._MARK: "1"})[0] == ["1", True]
     result, err = _probe({_threads.ENV: "lots"})
