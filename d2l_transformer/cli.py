@@ -22,7 +22,14 @@ from .context import parse_ctx, parse_ctx_list
 from .data import DataError, TokenizerError, WordTokenizer, evaluation_sets
 from .dist.kvstore import KVSTORES, create_kvstore
 from .dist.launch import LAUNCHERS, LaunchError, launch
-from .evaluate import BLEU_PAIRS_TEXT, bleu, format_score, score, score_files
+from .evaluate import (
+    BLEU_PAIRS_TEXT,
+    bleu,
+    format_score,
+    score,
+    score_all_references,
+    score_files,
+)
 from .inference.text import TranslationError, check_sentence, translate_texts, translate_tokens
 from .inference.translator import ALPHA, BEAM_SIZE, Translator
 from .io import checkpoint
@@ -163,16 +170,23 @@ def cmd_evaluate(args):
         if not src:
             print(f"  {name}: no pairs{seen}")
             continue
-        cells = []
+        cells, multi_cells = [], []
         for decoder, beam in decoders:
             tic = time.time()
             hyps = translate_texts(model, src, tok, src_vocab, tgt_vocab, cfg, ctx, beam, args.alpha)
-            result = score([tok.detokenize(h) for h in hyps], refs, lowercase)
+            outs = [tok.detokenize(h) for h in hyps]
+            result = score(outs, refs, lowercase)
             result["seconds"] = round(time.time() - tic, 1)
+            result["all_references"] = score_all_references(outs, src, pairs, lowercase)
             entry["decoders"][decoder] = result
-            signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"]}
+            signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"],
+                          "all references' BLEU": result["all_references"]["bleu_signature"]}
             cells.append(f"{decoder}: {format_score(result)} ({result['seconds']:.0f} s)")
+            multi_cells.append(f"{decoder}: {format_score(result['all_references'])}")
         print(f"  {name} ({len(src)} of {n}): " + "  ".join(cells) + seen)
+        multi = result["all_references"]
+        print(f"    each of its {multi['sentences']} sources once, against all its references "
+              f"(1 to {multi['most_references']}): " + "  ".join(multi_cells))
         if args.examples:
             for s, r, h in list(zip(src, refs, hyps))[:args.examples]:
                 print(f"    {s} => {h}   [reference: {r}]")

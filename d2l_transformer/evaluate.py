@@ -53,26 +53,71 @@ def _check(hypotheses, references):
         raise ValueError("nothing to score: no hypotheses")
 
 
+def _streams(references):
+    """sacreBLEU's reference streams from one entry per hypothesis: a string (one reference) or
+    a list of strings (all of its references). Stream j holds each hypothesis's j-th reference,
+    None where it has fewer: sacreBLEU's way to a variable number (``nrefs:var``)."""
+    per = [[r] if isinstance(r, str) else list(r) for r in references]
+    if any(not refs for refs in per):
+        raise ValueError("a hypothesis has no reference")
+    width = max(len(refs) for refs in per)
+    return [[refs[j] if j < len(refs) else None for refs in per] for j in range(width)]
+
+
+def group_references(sources, references):
+    """``(distinct sources, [their references])``: each source once, in the order of its first
+    pair, with the references of all its pairs (in pair order). For multi-reference scoring:
+    ``fra.txt`` gives one English sentence up to a dozen French translations."""
+    grouped = {}
+    for source, reference in zip(sources, references):
+        grouped.setdefault(source, []).append(reference)
+    return list(grouped), list(grouped.values())
+
+
 def corpus_bleu(hypotheses, references, lowercase=False):
     """Corpus BLEU (0-100) of detokenized hypothesis strings against one reference each:
     sacreBLEU's default ``13a`` tokenizer. Returns sacreBLEU's BLEUScore."""
     _check(hypotheses, references)
-    return BLEU(lowercase=lowercase).corpus_score(list(hypotheses), [list(references)])
+    return BLEU(lowercase=lowercase).corpus_score(list(hypotheses), _streams(references))
 
 
 def score(hypotheses, references, lowercase=False):
-    """Corpus BLEU and chrF of detokenized hypotheses against one reference each, as a dict:
-    ``bleu``, ``bleu_signature``, ``chrf``, ``chrf_signature``, ``sentences`` and BLEU's parts
-    (``precisions``, ``bp``, ``sys_len``, ``ref_len``). ``lowercase``: case-insensitive
-    (``case:lc`` in both signatures), for models that only write lower case."""
+    """Corpus BLEU and chrF of detokenized hypotheses, as a dict: ``bleu``, ``bleu_signature``,
+    ``chrf``, ``chrf_signature``, ``sentences`` and BLEU's parts (``precisions``, ``bp``,
+    ``sys_len``, ``ref_len``). A reference is a string, or a list of strings for a hypothesis
+    with several (``nrefs:N`` or ``nrefs:var`` in the signatures). ``lowercase``:
+    case-insensitive (``case:lc`` in both signatures), for models that only write lower case."""
     _check(hypotheses, references)
-    hyps, refs = list(hypotheses), [list(references)]
+    hyps, refs = list(hypotheses), _streams(references)
     bleu_metric, chrf_metric = BLEU(lowercase=lowercase), CHRF(lowercase=lowercase)
     b, c = bleu_metric.corpus_score(hyps, refs), chrf_metric.corpus_score(hyps, refs)
     return {"bleu": b.score, "bleu_signature": str(bleu_metric.get_signature()),
             "chrf": c.score, "chrf_signature": str(chrf_metric.get_signature()),
             "sentences": len(hyps), "precisions": list(b.precisions), "bp": b.bp,
             "sys_len": b.sys_len, "ref_len": b.ref_len}
+
+
+def score_all_references(hypotheses, sources, pairs, lowercase=False):
+    """`score` with each source once, against every reference `pairs` has for it.
+
+    hypotheses: one per source in `sources` (a source may repeat: its first hypothesis counts);
+    pairs: the whole set (``.source``, ``.target``), where the other references are. The
+    per-pair score (`score` of each pair against its own reference, ``nrefs:1``) counts a
+    source with six translations six times, and a correct translation that matches another
+    of its references as wrong; this one does neither (``nrefs:var``). Adds ``most_references``.
+    """
+    _check(hypotheses, sources)
+    grouped = dict(zip(*group_references(pairs.source, pairs.target)))
+    first = {}  # each source: the index of its first hypothesis
+    for i, source in enumerate(sources):
+        first.setdefault(source, i)
+    missing = [s for s in first if s not in grouped]
+    if missing:
+        raise ValueError(f"{len(missing)} sources are not in the set, e.g. {missing[0]!r}")
+    result = score([hypotheses[i] for i in first.values()], [grouped[s] for s in first],
+                   lowercase)
+    result["most_references"] = max(len(grouped[s]) for s in first)
+    return result
 
 
 def format_score(result):

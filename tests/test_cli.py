@@ -130,6 +130,9 @@ def test_evaluate_and_compare(model_dir, capsys):
     assert "[greedy] go . => " in out and "bleu " in out
     assert "held-out: lines 201.. of fra.txt: 166927 pairs (2 more, whose source" in out
     assert "training pairs (20 of 201): greedy:" in out and "beam 2:" in out
+    # fra.txt's first 20 pairs have 13 distinct sources, up to 3 translations each
+    assert "each of its 13 sources once, against all its references (1 to 3): greedy:" in out
+    assert "all references' BLEU signature: nrefs:var|" in out
     assert cli.main(["compare", model_dir]) == 0
     table = capsys.readouterr().out
     assert "loss (book units)" in table and "Go ." in table

@@ -136,3 +136,35 @@ def test_tokenize_nmt_unchanged_by_the_range_helper():
     text = d2t.preprocess_nmt("go.\tva !\nhi.\tsalut !\nrun!\tcours !\n")
     assert d2t.tokenize_nmt(text, 1) == ([["go", "."], ["hi", "."]], [["va", "!"], ["salut", "!"]])
     assert d2t.data.tokenize_nmt_lines(text, 1, 2) == ([["hi", "."]], [["salut", "!"]])
+
+
+def test_several_references_per_hypothesis():
+    """A reference may be a list: each hypothesis's n-grams are clipped by its best reference,
+    its length compared with the closest; sacreBLEU's streams padded with None (nrefs:var)."""
+    hyps = ["Il est calme.", "Va !"]
+    two = evaluate.score(hyps, [["Il est tranquille.", "Il est calme."], ["Va !", "Pars !"]])
+    assert two["bleu"] == pytest.approx(100) and two["bleu_signature"].startswith("nrefs:2|")
+    var = evaluate.score(hyps, [["Il est tranquille.", "Il est calme."], "Pars !"])
+    streams = [["Il est tranquille.", "Pars !"], ["Il est calme.", None]]
+    assert var["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, streams).score)
+    assert var["bleu_signature"].startswith("nrefs:var|") and var["chrf_signature"].startswith("nrefs:var|")
+    assert evaluate.score(["a b"], [["a b"]]) == evaluate.score(["a b"], ["a b"])  # one in a list
+    with pytest.raises(ValueError, match="has no reference"):
+        evaluate.score(["a"], [[]])
+
+
+def test_score_all_references_counts_each_source_once():
+    go = ["Vas-y, va maintenant !", "Pars, pars tout de suite !", "Bouge de là, vite !"]
+    pairs = d2t.data.Pairs(["Go.", "Go.", "Hi.", "Go.", "Run!"],
+                           [go[0], go[1], "Salut à toi, mon ami !", go[2], "Cours vite !"])
+    # the first three pairs scored; "Go." twice, its first hypothesis counts
+    hyps, src = [go[2], go[0], "Salut à toi, mon ami !"], ["Go.", "Go.", "Hi."]
+    result = evaluate.score_all_references(hyps, src, pairs)
+    assert result["sentences"] == 2 and result["most_references"] == 3
+    expected = sacrebleu.corpus_bleu([go[2], "Salut à toi, mon ami !"],
+                                     [[go[0], "Salut à toi, mon ami !"], [go[1], None], [go[2], None]])
+    assert result["bleu"] == pytest.approx(expected.score) == pytest.approx(100)
+    # one reference each: go[2] against go[0] is wrong
+    assert evaluate.score(hyps, pairs.target[:3])["bleu"] < 100
+    with pytest.raises(ValueError, match="1 sources are not in the set, e.g. 'Stop.'"):
+        evaluate.score_all_references(["Arrête !"], ["Stop."], pairs)
