@@ -123,7 +123,8 @@ def _evaluate_files(args):
     print(f"BLEU signature: {result['bleu_signature']}")
     print(f"chrF signature: {result['chrf_signature']}")
     if args.json:
-        _write_json(args.json, {"hyp": args.hyp, "ref": args.ref, **result})
+        ref = args.ref[0] if len(args.ref) == 1 else args.ref
+        _write_json(args.json, {"hyp": args.hyp, "ref": ref, **result})
     return 0
 
 
@@ -354,7 +355,9 @@ def get_parser():
             e.add_argument("--hyp", metavar="FILE", default=None,
                            help="score this file of translations (one a line) against --ref, "
                                 "no model needed")
-            e.add_argument("--ref", metavar="FILE", default=None, help="the references of --hyp")
+            e.add_argument("--ref", metavar="FILE", nargs="+", default=None,
+                           help="the references of --hyp: one file, or several (a line of each "
+                                "is one more reference of that sentence)")
             e.add_argument("--lowercase", action="store_true",
                            help="case-insensitive scores (always so for lower-casing models)")
 

@@ -141,11 +141,20 @@ def _read_lines(path, what):
         raise ValueError(f"cannot read the {what} file {path}: {e.strerror}") from None
 
 
-def score_files(hyp_path, ref_path, lowercase=False):
-    """`score` of a file of hypotheses against a file of references, one sentence a line
-    (as ``sacrebleu REF < HYP`` scores them). Errors are a one-line ValueError."""
-    hyps, refs = _read_lines(hyp_path, "hypothesis"), _read_lines(ref_path, "reference")
-    if len(hyps) != len(refs):
-        raise ValueError(f"{hyp_path} has {len(hyps)} lines but {ref_path} has {len(refs)}")
-    return score(hyps, refs, lowercase)
-
+def score_files(hyp_path, ref_paths, lowercase=False):
+    """`score` of a file of hypotheses against one or more files of references, one sentence a
+    line (as ``sacrebleu REF [REF ...] < HYP`` scores them; with several files, an empty line is
+    no reference for that sentence). Errors are a one-line ValueError."""
+    ref_paths = [ref_paths] if isinstance(ref_paths, str) else list(ref_paths)
+    hyps = _read_lines(hyp_path, "hypothesis")
+    streams = [_read_lines(path, "reference") for path in ref_paths]
+    for path, refs in zip(ref_paths, streams):
+        if len(hyps) != len(refs):
+            raise ValueError(f"{hyp_path} has {len(hyps)} lines but {path} has {len(refs)}")
+    if len(streams) == 1:
+        return score(hyps, streams[0], lowercase)
+    per_line = [[r for r in refs if r] for refs in zip(*streams)]
+    empty = next((i for i, refs in enumerate(per_line) if not refs), None)
+    if empty is not None:
+        raise ValueError(f"line {empty + 1} has no reference in any of the reference files")
+    return score(hyps, per_line, lowercase)

@@ -96,6 +96,17 @@ def test_score_files_and_the_cli(tmp_path, capsys):
     assert saved["bleu"] == expected["bleu"] and saved["chrf_signature"] == expected["chrf_signature"]
     assert cli.main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--lowercase"]) == 0
     assert "case:lc" in capsys.readouterr().out
+    ref2 = tmp_path / "ref2.txt"  # a second reference for lines 1 and 3, none for line 2
+    ref2.write_text("Il est calme.\n\nJe suis chez moi.\n", encoding="utf-8")
+    both = evaluate.score(["Il est calme.", "Va !", "Je suis chez moi."],
+                          [["Il est très calme.", "Il est calme."], ["Va !"],
+                           ["Je suis à la maison.", "Je suis chez moi."]])
+    assert both["bleu"] == pytest.approx(100) and both["bleu_signature"].startswith("nrefs:var|")
+    assert evaluate.score_files(str(hyp), [str(ref), str(ref2)]) == both
+    assert cli.main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), str(ref2)]) == 0
+    assert capsys.readouterr().out.startswith(f"{evaluate.format_score(both)}  (3 sentences)")
+    with pytest.raises(ValueError, match="line 2 has no reference in any"):
+        evaluate.score_files(str(hyp), [str(ref2), str(ref2)])
     short = tmp_path / "short.txt"
     short.write_text("Va !\n", encoding="utf-8")
     for argv, message in ((["--hyp", str(short), "--ref", str(ref)], "has 1 lines but"),
