@@ -65,18 +65,19 @@ def _streams(references):
 
 
 def group_references(sources, references):
-    """``(distinct sources, [their references])``: each source once, in the order of its first
-    pair, with the references of all its pairs (in pair order). For multi-reference scoring:
-    ``fra.txt`` gives one English sentence up to a dozen French translations."""
+    """``{source: [its references]}``: each source once, in the order of its first pair, with
+    the references of all its pairs (in pair order). For multi-reference scoring: a held-out
+    part of ``fra.txt`` gives one English sentence up to 18 French translations."""
     grouped = {}
     for source, reference in zip(sources, references):
         grouped.setdefault(source, []).append(reference)
-    return list(grouped), list(grouped.values())
+    return grouped
 
 
 def corpus_bleu(hypotheses, references, lowercase=False):
-    """Corpus BLEU (0-100) of detokenized hypothesis strings against one reference each:
-    sacreBLEU's default ``13a`` tokenizer. Returns sacreBLEU's BLEUScore."""
+    """Corpus BLEU (0-100) of detokenized hypothesis strings against their references (a
+    string, or a list of strings, each): sacreBLEU's default ``13a`` tokenizer. Returns
+    sacreBLEU's BLEUScore."""
     _check(hypotheses, references)
     return BLEU(lowercase=lowercase).corpus_score(list(hypotheses), _streams(references))
 
@@ -107,7 +108,7 @@ def score_all_references(hypotheses, sources, pairs, lowercase=False):
     of its references as wrong; this one does neither (``nrefs:var``). Adds ``most_references``.
     """
     _check(hypotheses, sources)
-    grouped = dict(zip(*group_references(pairs.source, pairs.target)))
+    grouped = group_references(pairs.source, pairs.target)
     first = {}  # each source: the index of its first hypothesis
     for i, source in enumerate(sources):
         first.setdefault(source, i)

@@ -168,8 +168,8 @@ def test_score_all_references_counts_each_source_once():
     go = ["Vas-y, va maintenant !", "Pars, pars tout de suite !", "Bouge de là, vite !"]
     pairs = d2t.data.Pairs(["Go.", "Go.", "Hi.", "Go.", "Run!"],
                            [go[0], go[1], "Salut à toi, mon ami !", go[2], "Cours vite !"])
-    # the first three pairs scored; "Go." twice, its first hypothesis counts
-    hyps, src = [go[2], go[0], "Salut à toi, mon ami !"], ["Go.", "Go.", "Hi."]
+    # the first three pairs scored; "Go." twice, its first hypothesis counts (not the second)
+    hyps, src = [go[2], "Rien à voir avec ça.", "Salut à toi, mon ami !"], ["Go.", "Go.", "Hi."]
     result = evaluate.score_all_references(hyps, src, pairs)
     assert result["sentences"] == 2 and result["most_references"] == 3
     expected = sacrebleu.corpus_bleu([go[2], "Salut à toi, mon ami !"],
@@ -177,5 +177,7 @@ def test_score_all_references_counts_each_source_once():
     assert result["bleu"] == pytest.approx(expected.score) == pytest.approx(100)
     # one reference each: go[2] against go[0] is wrong
     assert evaluate.score(hyps, pairs.target[:3])["bleu"] < 100
+    assert evaluate.group_references(pairs.source, pairs.target) == {
+        "Go.": [go[0], go[1], go[2]], "Hi.": ["Salut à toi, mon ami !"], "Run!": ["Cours vite !"]}
     with pytest.raises(ValueError, match="1 sources are not in the set, e.g. 'Stop.'"):
         evaluate.score_all_references(["Arrête !"], ["Stop."], pairs)
