@@ -38,7 +38,7 @@ from .data import (  # noqa: E402
     tokenize_nmt,
     truncate_pad,
 )
-from .dist.kvstore import create_kvstore, worker_info  # noqa: E402
+from .distributed.kvstore import create_kvstore, worker_info  # noqa: E402
 from .inference.decode import predict_s2s_ch8  # noqa: E402
 from .inference.translator import Hypothesis, Translator  # noqa: E402
 from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402

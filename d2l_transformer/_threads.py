@@ -19,7 +19,7 @@ this machine.
 
 ``D2L_TRANSFORMER_THREADS``: ``auto`` (the default, as above), a number N (always N threads),
 or ``mxnet`` (leave MXNet's own choice alone); ``D2L_TRANSFORMER_MAX_THREADS`` caps what
-``auto`` uses (`dist.launch` sets it to the cores / the workers of a local job). A user's own
+``auto`` uses (`distributed.launch` sets it to the cores / the workers of a local job). A user's own
 ``OMP_NUM_THREADS`` or ``MXNET_OMP_MAX_THREADS`` is never overridden: then nothing here
 changes anything. Importing MXNet before this package has the same effect (MXNet has read its
 settings already).

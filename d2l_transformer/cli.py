@@ -20,8 +20,8 @@ from .book import compare_table, load_run
 from .config import PRESETS
 from .context import parse_ctx, parse_ctx_list
 from .data import DataError, TokenizerError, WordTokenizer, evaluation_sets
-from .dist.kvstore import KVSTORES, create_kvstore
-from .dist.launch import LAUNCHERS, LaunchError, launch
+from .distributed.kvstore import KVSTORES, create_kvstore
+from .distributed.launch import LAUNCHERS, LaunchError, launch
 from .evaluate import (
     BLEU_PAIRS_TEXT,
     bleu,

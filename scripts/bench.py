@@ -128,7 +128,7 @@ def train_row(s, fast, params_path, ctx=None, kvstore=None):
     import mxnet as mx
 
     import d2l_transformer as d2t
-    from d2l_transformer.dist.kvstore import GlobalSum
+    from d2l_transformer.distributed.kvstore import GlobalSum
     cfg = s["cfg"]
     rank, num_workers = d2t.worker_info(kvstore)
     if num_workers > 1:
@@ -573,7 +573,7 @@ def book_row(s):
 def dist_row(quick):
     """(e): 2 dist_sync workers (1 scheduler, 1 server) on this machine, started by
     `d2l_transformer.launch`; rank 0 prints its row as JSON."""
-    from d2l_transformer.dist.launch import launch
+    from d2l_transformer.distributed.launch import launch
 
     class Lines(list):
         def write(self, text):
@@ -604,7 +604,7 @@ def run_row(key, quick, params_path):
         return dist_row(quick)
     if key == "train_dist2_worker":  # inside the launched job (scheduler/server: mxnet import)
         import d2l_transformer as d2t
-        from d2l_transformer.dist.kvstore import announce_rank
+        from d2l_transformer.distributed.kvstore import announce_rank
         kvstore = d2t.create_kvstore("dist_sync")
         announce_rank(kvstore)
         return train_row(s, True, params_path, kvstore=kvstore)

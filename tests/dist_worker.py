@@ -17,7 +17,7 @@ import d2l_transformer as d2t  # isort: skip  (first: its NumPy-alias shim must 
 import mxnet as mx  # noqa: F401  (scheduler/server: the package's import of it ran the role and exited)
 from mxnet import init
 
-from d2l_transformer.dist.kvstore import announce_rank, create_kvstore, worker_info
+from d2l_transformer.distributed.kvstore import announce_rank, create_kvstore, worker_info
 
 
 def main(out, epochs):

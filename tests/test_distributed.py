@@ -16,7 +16,7 @@ from conftest import trainable
 
 import d2l_transformer as d2t
 from d2l_transformer.data import shard
-from d2l_transformer.dist.launch import LaunchError, launch, launch_command
+from d2l_transformer.distributed.launch import LaunchError, launch, launch_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO = [mx.cpu(0), mx.cpu(1)]  # two devices of one process, as two GPUs would be

@@ -15,7 +15,7 @@ from test_kernels import (
 )
 
 from d2l_transformer import _compat, _threads, kernels
-from d2l_transformer.dist.launch import job_env
+from d2l_transformer.distributed.launch import job_env
 
 PROBE = ("import json, os, sys; {pre}import d2l_transformer; from d2l_transformer import _threads; "
          "print(json.dumps([os.environ.get('OMP_NUM_THREADS'), _threads._state['managed']]))")

@@ -9,7 +9,7 @@ import numpy as onp
 from mxnet import autograd, init
 
 from .. import kernels
-from ..dist.kvstore import GlobalSum, is_distributed
+from ..distributed.kvstore import GlobalSum, is_distributed
 from .loss import MaskedSoftmaxCELoss
 from .optim import grad_clipping, make_trainer
 from .steps import _fast_step, _parallel_step

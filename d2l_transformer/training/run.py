@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from ..book import SENTENCES
 from ..data import WordTokenizer, detokenize_words, load_data_nmt, load_data_split
-from ..dist.kvstore import announce_rank, create_kvstore, worker_info
+from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..inference.decode import predict_s2s_ch8
 from ..inference.translator import Translator
 from ..io import checkpoint

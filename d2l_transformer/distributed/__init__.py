@@ -1,0 +1,1 @@
+"""Data-parallel training across devices and processes (``dist_sync`` kvstores, local launches)."""
