@@ -30,7 +30,8 @@ from .evaluate import (
     score_all_references,
     score_files,
 )
-from .inference.text import TranslationError, check_sentence, translate_texts, translate_tokens
+from .inference.limits import SentenceError, sentence_tokens
+from .inference.text import TranslationError, translate_texts, translate_tokens
 from .inference.translator import ALPHA, BEAM_SIZE, Translator
 from .io import checkpoint
 from .training import book_line
@@ -72,8 +73,11 @@ def cmd_translate(args):
     lines = _read_lines(args)
     good, ok = [], []
     for label, text, problem in lines:
-        tokens = tokenizer.encode(text) if problem is None else None
-        problem = problem or check_sentence(tokens, src_vocab, max_positions)
+        if problem is None:  # the one rule of the library and the server (`inference.limits`)
+            try:
+                tokens = sentence_tokens(text, tokenizer, src_vocab, max_positions)
+            except SentenceError as e:
+                problem = str(e)
         if problem:
             print(f"error: {label}: {problem}; skipped", file=sys.stderr)
         else:
@@ -270,7 +274,10 @@ def cmd_serve(args):
     from .serve import ServeError, run
     _device(args.ctx)  # a bad --ctx is one line before anything starts
     try:
-        run(args.model, args.host, args.port, args.ctx)
+        hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()] \
+            if args.allowed_hosts else None
+        run(args.model, args.host, args.port, args.ctx, allowed_hosts=hosts,
+            api_key=args.api_key)
     except ServeError as e:
         raise UserError(str(e)) from None
     return 0
@@ -379,6 +386,13 @@ def get_parser():
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--ctx", default="auto")
+    sv.add_argument("--allowed-hosts", default=None, metavar="HOST[,HOST...]",
+                    help="the Host headers to answer, any port ('*': any); default: localhost, "
+                         "127.0.0.1 and [::1] for a loopback --host, any for 0.0.0.0, else "
+                         "--host itself")
+    sv.add_argument("--api-key", default=os.environ.get("D2L_TRANSFORMER_API_KEY"), metavar="KEY",
+                    help="require this key (api_key) of every translation request; default: "
+                         "$D2L_TRANSFORMER_API_KEY, else none")
     sv.set_defaults(func=cmd_serve)
 
     x = sub.add_parser("export", help="write a model directory in MXNet's deployment format "

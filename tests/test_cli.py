@@ -98,9 +98,10 @@ def test_translate_arguments_and_heatmaps(model_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("data,message", [
-    (b"go .\n\nhi .\n", "line 2: empty line; skipped"),
+    (b"go .\n\nhi .\n", "line 2: empty sentence; skipped"),
     (b"go .\nzzz qqq\nhi .\n", "line 2: no word of it is in the model's vocabulary; skipped"),
-    (b"go .\n" + b"go " * 1001 + b"\nhi .\n", "line 2: 1001 tokens, longer than the model's 1000"),
+    (b"go .\n" + b"go " * 1001 + b"\nhi .\n", "line 2: 3003 characters; at most 1000; skipped"),
+    (b"go .\n" + b"go " * 201 + b"\nhi .\n", "line 2: 201 tokens; at most 200 (the sentence limit)"),
     (b"go .\n\xff\xfe go\nhi .\n", "line 2: not UTF-8 (invalid start byte at byte 0); skipped"),
 ])
 def test_translate_bad_lines_are_skipped(model_dir, monkeypatch, capsys, data, message):

@@ -19,17 +19,6 @@ def translate_texts(model, texts, tokenizer, src_vocab, tgt_vocab, cfg, ctx, bea
     return [tokenizer.decode(out.split()) for out in outs]
 
 
-def check_sentence(tokens, src_vocab, max_positions):
-    """None when the sentence can be translated, else why not (one line)."""
-    if not tokens:
-        return "empty line"
-    if all(src_vocab[t] == src_vocab.unk for t in tokens):
-        return "no word of it is in the model's vocabulary"
-    if len(tokens) > max_positions:
-        return f"{len(tokens)} tokens, longer than the model's {max_positions} positions"
-    return None
-
-
 def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
     """Translations (strings) of token lists by the `Translator`, `BATCH` sentences at a time;
     beam 1 is greedy decoding. A model trained with --exact-chapter is decoded by the chapter's

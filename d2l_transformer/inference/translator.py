@@ -40,6 +40,7 @@ from mxnet.gluon import nn
 from .. import _graphs, kernels
 from ..data import truncate_pad
 from ..model import DecoderStep, EncoderKV
+from .limits import SentenceError, check_sentence
 
 BEAM_SIZE, ALPHA = 4, 0.6  # the paper's (6.1)
 NEG = onp.float32(-1e18)  # the score of an impossible candidate (gluonnlp's LARGE_NEGATIVE_FLOAT)
@@ -219,12 +220,14 @@ class Translator:
     # ------------------------------------------------------------------------------ the source
     def encode_source(self, sentences):
         """Token lists -> ``(X (batch, width), valid_length (batch,))`` on the device: ids
-        padded to width = max(num_steps, longest), never truncated."""
+        padded to width = max(num_steps, longest), never truncated. A sentence `check_sentence`
+        refuses (empty, too long, no known word) raises SentenceError."""
+        for i, tokens in enumerate(sentences):  # the one rule (`limits`), as the CLI and server
+            try:
+                check_sentence(tokens, self.src_vocab, self.max_source)
+            except SentenceError as e:
+                raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
         ids = [self.src_vocab[list(tokens)] for tokens in sentences]
-        for i, t in enumerate(ids):
-            if len(t) > self.max_source:
-                raise ValueError(f"sentence {i}: {len(t)} tokens, longer than the model's "
-                                 f"{self.max_source} positions")
         width = max([self.num_steps] + [len(t) for t in ids])
         X = np.array([truncate_pad(t, width, self.pad) for t in ids], ctx=self.ctx)  # (batch, width)
         return X, np.array([len(t) for t in ids], ctx=self.ctx)  # valid lengths: (batch,)
@@ -235,13 +238,18 @@ class Translator:
         return min(max(self.num_steps, source_length + EXTRA_LENGTH), self.max_target)
 
     # ------------------------------------------------------------------------------ translating
-    def translate(self, sentences, beam_size=1, alpha=ALPHA, *, early_stop=True):
+    def translate(self, sentences, beam_size=1, alpha=ALPHA, *, early_stop=True, n_best=None):
         """The best hypothesis of each token list: ``[Hypothesis(tokens, score), ...]``.
 
         ``beam_size=1`` is greedy decoding. ``early_stop=False`` always runs every step up to
-        the longest limit (benchmarks; the results are the same)."""
+        the longest limit (benchmarks; the results are the same). ``n_best=n`` (at most
+        `beam_size`): a list of each sentence's n best finished beams instead, best first (the
+        first is the hypothesis returned without it; beams the search could not fill are left
+        out)."""
         if beam_size < 1:
             raise ValueError(f"beam size must be at least 1, not {beam_size}")
+        if n_best is not None and not 1 <= n_best <= beam_size:
+            raise ValueError(f"n_best must be 1 to the beam size {beam_size}, not {n_best}")
         vocab = self.model.decoder.dense._units
         if beam_size > vocab:
             raise ValueError(f"beam size {beam_size} is larger than the vocabulary ({vocab})")
@@ -256,7 +264,9 @@ class Translator:
                 part = order[start:start + self.batch_size]
                 batch = [sentences[i] for i in part]
                 hyps = (self._greedy(batch, alpha, early_stop) if beam_size == 1
-                        else self._search(batch, beam_size, alpha, early_stop))
+                        else self._search(batch, beam_size, alpha, early_stop, n_best or 1))
+                if n_best is None:
+                    hyps = [h[0] for h in hyps]
                 for i, hyp in zip(part, hyps):
                     out[i] = hyp
         return out
@@ -288,7 +298,7 @@ class Translator:
             caches += [empty, empty, enc_kv[i], enc_kv[i + 1]]
         return caches, valid_length, limits, steps
 
-    def _search(self, sentences, k, alpha, early_stop):
+    def _search(self, sentences, k, alpha, early_stop, n=1):
         """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1)."""
         model = self.model
         step = _graph(model, ("beam step", self.ctx.device_type), lambda: _BeamStep(model.decoder))
@@ -319,7 +329,7 @@ class Translator:
             tokens = onp.maximum(word, 0).reshape(-1, 1)  # (B * k, 1); finished beams: any
             tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)  # + row
             control = np.array(tokens, ctx=ctx)  # the step's one upload
-        return self._hypotheses(onp.stack(words), onp.stack(parents), scores)
+        return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
 
     def _greedy(self, sentences, alpha, early_stop):
         """`_search` with one beam, token for token and score for score (tested), pipelined:
@@ -371,20 +381,26 @@ class Translator:
         lp = onp.float32(5 + t) ** a / base
         return (onp.float32(5 + t - 1) ** a / base if t > 1 else onp.float32(1)), lp
 
-    def _hypotheses(self, words, parents, scores):
-        """Follow each sentence's best beam back from the last step: words, parents (steps, B,
-        k); scores (B, k), best first."""
+    def _hypotheses(self, words, parents, scores, n=1):
+        """Follow each sentence's `n` best beams back from the last step: words, parents
+        (steps, B, k); scores (B, k), best first. A list of hypotheses per sentence (beams
+        scored `NEG`, never filled, left out after the first)."""
         out = []
         for b in range(words.shape[1]):
-            j, ids = 0, []
-            for t in range(words.shape[0] - 1, -1, -1):
-                if words[t, b, j] >= 0:
-                    ids.append(int(words[t, b, j]))
-                j = int(parents[t, b, j])
-            ids.reverse()
-            if ids and ids[-1] == self.eos:
-                ids.pop()
-            out.append(Hypothesis(self.tgt_vocab.to_tokens(ids), float(scores[b, 0])))
+            best = []
+            for beam in range(n):
+                if beam and scores[b, beam] <= NEG / 2:
+                    break
+                j, ids = beam, []
+                for t in range(words.shape[0] - 1, -1, -1):
+                    if words[t, b, j] >= 0:
+                        ids.append(int(words[t, b, j]))
+                    j = int(parents[t, b, j])
+                ids.reverse()
+                if ids and ids[-1] == self.eos:
+                    ids.pop()
+                best.append(Hypothesis(self.tgt_vocab.to_tokens(ids), float(scores[b, beam])))
+            out.append(best)
         return out
 
     # ------------------------------------------------------------------------------ attention

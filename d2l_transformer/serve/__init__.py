@@ -6,12 +6,17 @@ class ServeError(ValueError):
     """The server cannot start (the serve extra missing, the port taken); one line."""
 
 
-def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info"):
-    """Load `model_dir` and serve it with uvicorn until interrupted."""
+def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,
+        allowed_hosts=None, api_key=None):
+    """Load `model_dir` and serve it with uvicorn until interrupted. `allowed_hosts`: the
+    ``Host`` headers to answer (default: derived from `host`, `app.allowed_hosts_for`);
+    `api_key`: required of every translation request when set."""
+    if api_key is not None and not api_key.strip():
+        raise ServeError("the API key is empty")
     try:
         import uvicorn
 
-        from .app import create_app
+        from .app import allowed_hosts_for, create_app
     except ImportError as e:
         raise ServeError(f"serving needs the serve extra ({e.name} is not installed): "
                          "pip install 'd2l_transformer[serve]'") from None
@@ -28,7 +33,11 @@ def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info"):
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     engine = Engine(model_dir, ctx)
     try:
-        print(f"serving {engine.model_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
-        uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
+        hosts = allowed_hosts_for(host, allowed_hosts)
+        print(f"serving {engine.model_dir} on http://{host}:{port}/ (API docs: /docs; Host "
+              f"headers answered: {', '.join(hosts)}{'; API key required' if api_key else ''})",
+              flush=True)
+        uvicorn.run(create_app(engine, allowed_hosts=hosts, api_key=api_key), host=host,
+                    port=port, log_level=log_level)
     finally:
         engine.close()

@@ -1,12 +1,20 @@
 """The HTTP API (FastAPI): ``POST /translate``, ``GET /health``, ``GET /`` (the attention
-explorer page) and the OpenAPI docs at ``/docs``.
+explorer page), the OpenAPI docs at ``/docs``, and LibreTranslate's API at its own paths
+(``POST /translate`` with ``q``, ``GET /languages``, ``POST /detect``) so that LibreTranslate
+clients pointed at the server's base URL work unchanged (docs/serving.md).
 
-Every bad request is a 4xx JSON ``{"error": "<one line>"}`` naming the problem; the request's
-content is never echoed back and no traceback leaves the server.
+Every bad request is a 4xx JSON ``{"error": "<one line>"}`` naming the problem (a foreign
+``Host`` header: Starlette's plain-text 400); the request's content is never echoed back and no
+traceback leaves the server. Both APIs share the worker, the limits and the checks: the body
+limit and the host allow-list come first (middleware), the sentences are checked by the
+package's one rule (`inference.limits`), as the command line and the `Translator` check them.
 """
 
 import asyncio
+import hmac
 import json
+import re
+import urllib.parse
 from typing import Any, Dict, List, Optional
 
 from fastapi import FastAPI, Request
@@ -14,27 +22,41 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from .. import __version__
+from ..inference.limits import MAX_CHARS, MAX_TOKENS, SentenceError, sentence_tokens
+from ..inference.translator import BEAM_SIZE
 from ..viz.attention_html import explorer_page
-from .engine import Busy
+from .engine import MAX_ATTENTION_CELLS, Busy, TooLarge, Unavailable
 
 MAX_SENTENCES = 256  # per request
-MAX_CHARS = 1000  # per sentence
-MAX_TOKENS = 200  # per sentence (and never more than the model's positions)
-MAX_ATTENTION = 32  # sentences per request when the attention weights are asked for
 MAX_BODY = 1 << 20  # bytes
+BODY_SECONDS = 30  # a request body must arrive within this time (slow clients hold a slot)
 MAX_BEAM = 16
+MAX_ALTERNATIVES = MAX_BEAM - 1  # LibreTranslate's `alternatives`: the beam's next best
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")  # Host headers of a loopback server
+# LibreTranslate's /languages: the one pair the model translates
+LANGUAGES = [{"code": "en", "name": "English", "targets": ["fr"]},
+             {"code": "fr", "name": "French", "targets": []}]
+# /detect and `source: "auto"`: the server translates English only and has no language
+# classifier, so it answers as LibreTranslate does when it cannot tell: English, confidence 0
+DETECTED = {"confidence": 0.0, "language": "en"}
+JSON_TYPES = ("application/json",)
+FORM_TYPE = "application/x-www-form-urlencoded"
 
 
 class TranslateRequest(BaseModel):
-    """The body of ``POST /translate``."""
+    """The body of ``POST /translate`` (this package's shape)."""
 
     model_config = ConfigDict(extra="forbid")
     text: List[StrictStr] = Field(description=f"sentences to translate (1 to {MAX_SENTENCES})")
-    beam: StrictInt = Field(4, ge=1, le=MAX_BEAM, description="beam size (1: greedy decoding)")
+    beam: StrictInt = Field(BEAM_SIZE, ge=1, le=MAX_BEAM, description="beam size (1: greedy "
+                                                                       "decoding)")
     attention: StrictBool = Field(False, description="also return every layer's and head's "
                                                      "attention weights with the tokens")
+    api_key: Optional[StrictStr] = Field(None, description="the server's key, when it was "
+                                                           "started with --api-key")
 
 
 class Translation(BaseModel):
@@ -62,6 +84,9 @@ class ApiError(Exception):
 
 
 def _error(status, message, headers=None):
+    """``{"error": message}``: one line, at most 300 characters, always encodable (a lone
+    surrogate from the request, say in a field's name, becomes ``?``)."""
+    message = " ".join(str(message).split())[:300].encode("utf-8", "replace").decode("utf-8")
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
@@ -80,12 +105,29 @@ def _validation_message(e):
     return first + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
 
 
+def allowed_hosts_for(host, allowed=None):
+    """The ``Host`` headers a server bound to `host` answers (any port): `allowed` when given;
+    for a loopback address localhost, 127.0.0.1 and [::1] (a web page elsewhere cannot make
+    the user's browser talk to it through DNS rebinding); for 0.0.0.0 or :: any (it is meant to
+    be reached under names it cannot know); else `host` itself."""
+    if allowed:
+        return list(allowed)
+    if host in ("0.0.0.0", "::", ""):
+        return ["*"]
+    literal = f"[{host}]" if ":" in host else host  # an IPv6 address, as a Host header has it
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return sorted(set(LOOPBACK_HOSTS) | {literal})
+    return [literal]
+
+
 class BodyLimit:
     """ASGI middleware: a request body over `max_body` bytes is answered 413 before the app
-    reads it (by Content-Length, or counted as it streams in)."""
+    reads it (by Content-Length, or counted as it streams in: the chunks are kept in a list
+    and joined once, linear in the body's size); a body that has not arrived within `seconds`
+    is answered 408."""
 
-    def __init__(self, app, max_body):
-        self.app, self.max_body = app, max_body
+    def __init__(self, app, max_body, seconds=BODY_SECONDS):
+        self.app, self.max_body, self.seconds = app, max_body, seconds
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -94,16 +136,24 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return await too_large(scope, receive, send)
-        body, more = b"", True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.seconds
+        chunks, size, more = [], 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                return await _error(408, f"request body not received within {self.seconds} s")(
+                    scope, receive, send)
             if message["type"] != "http.request":  # the client went away
                 return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body:
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
                 return await too_large(scope, receive, send)
-        sent = False
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body, sent = b"".join(chunks), False
 
         async def replay():
             nonlocal sent
@@ -115,16 +165,61 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def read_body(content_type, body, form=True):
+    """``(kind, data)`` of a request body: ``("json", the decoded JSON)`` for a JSON content
+    type, ``("form", {name: first value})`` for a URL-encoded form when `form` (LibreTranslate's
+    API allows one); else ApiError 415. Bad UTF-8 or JSON: ApiError 400."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    is_json = media in JSON_TYPES or (media.startswith("application/") and media.endswith("+json"))
+    if not is_json and not (form and media == FORM_TYPE):
+        allowed = "application/json" + (f" or {FORM_TYPE}" if form else "")
+        got = f"not {media[:60]}" if media else "none was given"
+        raise ApiError(415, f"the body's Content-Type must be {allowed} ({got})")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the body is not UTF-8 ({e.reason} at byte {e.start})") from None
+    if not is_json:
+        try:
+            pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, encoding="utf-8",
+                                           errors="strict", max_num_fields=64)
+        except UnicodeDecodeError as e:
+            raise ApiError(400, f"the form is not UTF-8 ({e.reason})") from None
+        except ValueError as e:  # too many fields
+            raise ApiError(400, f"the body is not a form ({e})") from None
+        data = {}
+        for name, value in pairs:
+            data.setdefault(name, value)  # the first value of a name, as LibreTranslate reads it
+        return "form", data
+    try:
+        return "json", json.loads(text)
+    except ValueError as e:
+        raise ApiError(400, f"the body is not JSON ({e})") from None
+    except RecursionError:
+        raise ApiError(400, "the body is not JSON (nested too deeply)") from None
+
+
+def _code(value):
+    """A language code to name in an error, or a stand-in when it is not one."""
+    return value if re.fullmatch(r"[A-Za-z_-]{1,12}", value) else "that language"
+
+
 def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
-               max_tokens=MAX_TOKENS, max_attention=MAX_ATTENTION, max_body=MAX_BODY):
-    """The FastAPI app serving `engine` (a `serve.engine.Engine`)."""
+               max_tokens=MAX_TOKENS, max_attention_cells=MAX_ATTENTION_CELLS,
+               max_body=MAX_BODY, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
+    """The FastAPI app serving `engine` (a `serve.engine.Engine`). `allowed_hosts`: the
+    ``Host`` headers answered (``["*"]``: any; `allowed_hosts_for`); `api_key`: when set,
+    every translation and detection request must carry it (403 otherwise)."""
     app = FastAPI(title="d2l_transformer", version=__version__,
                   description="English to French with the Transformer of d2l 9.3, and its "
-                              "attention weights. The page at / explores them.")
+                              "attention weights. The page at / explores them. LibreTranslate's "
+                              "API is served at its own paths.")
     app.add_middleware(BodyLimit, max_body=max_body)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))  # outermost
     token_limit = min(max_tokens, engine.max_positions)
     limits = {"max_sentences": max_sentences, "max_chars": max_chars, "max_tokens": token_limit,
-              "max_attention": max_attention, "max_beam": MAX_BEAM, "max_body": max_body}
+              "max_attention_cells": max_attention_cells, "max_beam": MAX_BEAM,
+              "max_alternatives": MAX_ALTERNATIVES, "max_body": max_body}
 
     @app.exception_handler(ApiError)
     async def api_error(request, e):
@@ -142,69 +237,186 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
     async def request_error(request, e):
         return _error(422, _validation_message(e))
 
+    def check_key(given):
+        if api_key is None:
+            return
+        if not isinstance(given, str) or not hmac.compare_digest(
+                given.encode("utf-8", "surrogatepass"), api_key.encode("utf-8")):
+            raise ApiError(403, "Invalid API key" if given else "this server needs an api_key")
+
+    def tokens_of(where, text):
+        """The sentence's tokens by the one rule (`inference.limits`); ApiError 413/422."""
+        try:
+            return sentence_tokens(text, engine.tokenizer, engine.src_vocab, engine.max_positions,
+                                   max_chars=max_chars, max_tokens=max_tokens)
+        except SentenceError as e:
+            raise ApiError(413 if e.too_large else 422, f"{where}: {e}") from None
+
+    async def run(sources, tokens, beam, attention=False, n_best=1):
+        """The engine's result dicts; its refusals as ApiErrors (429, 503, 413)."""
+        try:
+            future = engine.submit(sources, tokens, beam, attention, n_best=n_best)
+        except Busy as e:
+            raise ApiError(429, str(e)) from None
+        except Unavailable as e:
+            raise ApiError(503, str(e)) from None
+        try:
+            return await asyncio.wrap_future(future)
+        except TooLarge as e:
+            raise ApiError(413, str(e)) from None
+        except Unavailable as e:
+            raise ApiError(503, str(e)) from None
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         return HTMLResponse(explorer_page())
 
     @app.get("/health")
     async def health():
+        """``status`` "ok", or 503 "unavailable" when the model's worker has stopped."""
+        if not engine.alive():
+            return JSONResponse({"status": "unavailable",
+                                 "error": "the model's worker thread has stopped"}, 503)
         return {"status": "ok", "model": engine.info, "limits": limits,
                 "pending": engine.pending(), "batches": engine.batches,
                 "sentences": engine.sentences}
 
-    def parse(body):
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ApiError(400, f"the body is not UTF-8 ({e.reason} at byte {e.start})") from None
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise ApiError(400, f"the body is not JSON ({e})") from None
-        except RecursionError:
-            raise ApiError(400, "the body is not JSON (nested too deeply)") from None
+    def parse(data):
         try:
             req = TranslateRequest.model_validate(data)
         except ValidationError as e:
             raise ApiError(422, _validation_message(e)) from None
+        check_key(req.api_key)
         n = len(req.text)
         if not 1 <= n <= max_sentences:
             raise ApiError(422 if n == 0 else 413,
                            f"text: {n} sentences; send 1 to {max_sentences} per request")
-        if req.attention and n > max_attention:
-            raise ApiError(413, f"text: {n} sentences; attention weights are returned for at "
-                                f"most {max_attention} per request")
-        tokens = []
-        for i, sentence in enumerate(req.text):
-            if len(sentence) > max_chars:
-                raise ApiError(413, f"text[{i}]: {len(sentence)} characters; at most {max_chars}")
-            toks = engine.encode(sentence)
-            if not toks:
-                raise ApiError(422, f"text[{i}]: empty sentence")
-            if len(toks) > token_limit:
-                whose = "the model's positions" if token_limit == engine.max_positions else \
-                    "this server's limit"
-                raise ApiError(413, f"text[{i}]: {len(toks)} tokens; at most {token_limit} "
-                                    f"({whose})")
-            if all(engine.src_vocab[t] == engine.src_vocab.unk for t in toks):
-                raise ApiError(422, f"text[{i}]: no word of it is in the model's vocabulary")
-            tokens.append(toks)
+        tokens = [tokens_of(f"text[{i}]", s) for i, s in enumerate(req.text)]
+        if req.attention:  # the fewest weights these sources can have: a one-token translation
+            least = sum(engine.attention_cells(len(t), 1) for t in tokens)
+            if least > max_attention_cells:
+                raise ApiError(413, f"attention: at least {least} weights (layers x heads x "
+                                    f"queries x keys); at most {max_attention_cells} per "
+                                    "request: send fewer or shorter sentences")
         return req, tokens
 
+    async def ours(data):
+        req, tokens = parse(data)
+        items = await run(req.text, tokens, req.beam,
+                          max_attention_cells if req.attention else False)
+        return JSONResponse({"translations": items, "model": engine.info})
+
+    def libre_fields(data):
+        """LibreTranslate's request fields, checked as LibreTranslate checks them (400)."""
+        if not isinstance(data, dict):
+            raise ApiError(400, "Invalid JSON format")
+        check_key(data.get("api_key"))
+        q = data.get("q")
+        if not q:
+            raise ApiError(400, "Invalid request: missing q parameter")
+        if not (isinstance(q, str) or (isinstance(q, list)
+                                       and all(isinstance(t, str) for t in q))):
+            raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+        for name, value, ok in (("source", data.get("source"), ("en", "auto")),
+                                ("target", data.get("target"), ("fr",))):
+            if not value:
+                raise ApiError(400, f"Invalid request: missing {name} parameter")
+            if not isinstance(value, str) or value.lower() not in ok:
+                shown = _code(value) if isinstance(value, str) else "that language"
+                raise ApiError(400, f"{shown} is not supported as {name}: this server "
+                                    "translates en to fr")
+        text_format = data.get("format") or "text"
+        if text_format == "html":
+            raise ApiError(400, "html format is not supported by this server: send plain text "
+                                "(format=text)")
+        if text_format != "text":
+            raise ApiError(400, f"{_code(str(text_format))} format is not supported")
+        alternatives = data.get("alternatives", 0)
+        if isinstance(alternatives, str) and re.fullmatch(r"\s*-?\d{1,6}\s*", alternatives):
+            alternatives = int(alternatives)
+        if isinstance(alternatives, bool) or not isinstance(alternatives, int):
+            raise ApiError(400, "Invalid request: alternatives parameter is not a number")
+        alternatives = max(0, alternatives)
+        if alternatives > MAX_ALTERNATIVES:
+            raise ApiError(400, "Invalid request: alternatives parameter must be <= "
+                                f"{MAX_ALTERNATIVES}")
+        return q, data["source"].lower() == "auto", alternatives
+
+    async def libre(data):
+        """LibreTranslate's ``/translate``: each line of each text is one sentence; blank
+        lines stay blank."""
+        q, auto, alternatives = libre_fields(data)
+        texts = [q] if isinstance(q, str) else q
+        lines = [text.splitlines() or [""] for text in texts]
+        sources, tokens = [], []
+        for i, text_lines in enumerate(lines):
+            for k, line in enumerate(text_lines):
+                if line.strip():
+                    where = ("q" if isinstance(q, str) else f"q[{i}]") + \
+                        (f" line {k + 1}" if len(text_lines) > 1 else "")
+                    sources.append(line)
+                    tokens.append(tokens_of(where, line))
+                    if len(sources) > max_sentences:
+                        raise ApiError(413, f"q: over {max_sentences} sentences; send at most "
+                                            f"{max_sentences} per request")
+        n_best = alternatives + 1
+        items = iter(await run(sources, tokens, max(BEAM_SIZE, n_best), n_best=n_best)
+                     if sources else [])
+        translated, others = [], []
+        for text_lines in lines:
+            best, alts = [], [[] for _ in range(alternatives)]
+            for line in text_lines:
+                item = next(items) if line.strip() else {"translation": line}
+                best.append(item["translation"])
+                found = item.get("alternatives", [])
+                for a in range(alternatives):
+                    alts[a].append(found[a] if a < len(found) else item["translation"])
+            translated.append("\n".join(best))
+            unique = []
+            for alt in ("\n".join(a) for a in alts):
+                if alt != translated[-1] and alt not in unique:
+                    unique.append(alt)
+            others.append(unique)
+        batch = isinstance(q, list)
+        result = {"translatedText": translated if batch else translated[0]}
+        if auto:
+            result["detectedLanguage"] = [DETECTED] * len(texts) if batch else DETECTED
+        if alternatives:
+            result["alternatives"] = others if batch else others[0]
+        return JSONResponse(result)
+
     @app.post("/translate", response_model=TranslateResponse,
-              responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-                         422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+              responses={400: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
+                         413: {"model": ErrorResponse}, 415: {"model": ErrorResponse},
+                         422: {"model": ErrorResponse}, 429: {"model": ErrorResponse},
+                         503: {"model": ErrorResponse}},
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": TranslateRequest.model_json_schema()}}}})
     async def translate(request: Request):
         """Translate sentences (batched with other requests through the package's translator);
-        with ``"attention": true`` each translation carries its attention weights."""
-        req, tokens = parse(await request.body())
-        try:
-            future = engine.submit(req.text, tokens, req.beam, req.attention)
-        except Busy as e:
-            return _error(503, str(e), {"Retry-After": "1"})
-        items = await asyncio.wrap_future(future)
-        return JSONResponse({"translations": items, "model": engine.info})
+        with ``"attention": true`` each translation carries its attention weights. A body with
+        ``q`` (JSON or a URL-encoded form) is LibreTranslate's request and gets its answer
+        (``{"translatedText": ...}``, docs/serving.md)."""
+        kind, data = read_body(request.headers.get("content-type"), await request.body())
+        if kind == "form" or (isinstance(data, dict) and "q" in data):
+            return await libre(data)
+        return await ours(data)
+
+    @app.get("/languages")
+    async def languages():
+        """LibreTranslate's ``/languages``: English, translated to French."""
+        return LANGUAGES
+
+    @app.post("/detect", responses={400: {"model": ErrorResponse}, 403: {"model": ErrorResponse}})
+    async def detect(request: Request):
+        """LibreTranslate's ``/detect``: always English with confidence 0 (the server has no
+        language classifier, and translates English only)."""
+        _, data = read_body(request.headers.get("content-type"), await request.body())
+        if not isinstance(data, dict):
+            raise ApiError(400, "Invalid JSON format")
+        check_key(data.get("api_key"))
+        if not data.get("q"):
+            raise ApiError(400, "Invalid request: missing q parameter")
+        return [DETECTED]
 
     return app

@@ -5,6 +5,10 @@ numpy mode (``npx.set_np()``) is a per-thread setting, so every MXNet call of th
 loading the model included -- runs on the engine's single worker thread (docs/serving.md).
 Requests that arrive while the model is busy are merged into one `Translator.translate` call
 (micro-batching): one batch per beam size, up to `max_batch` sentences.
+
+A model trained with ``--exact-chapter`` is refused (`ServeError`, one line): the server's
+answers carry beam search, scores and attention weights, which only the corrected model's
+`Translator` gives; ``d2l-transformer translate`` decodes such a model with the chapter's loop.
 """
 
 import collections
@@ -19,14 +23,25 @@ from mxnet import npx
 from ..context import parse_ctx
 from ..inference.translator import ALPHA, Translator
 from ..io import checkpoint
+from . import ServeError
 
 log = logging.getLogger(__name__)
 
-Job = collections.namedtuple("Job", ["sources", "tokens", "beam", "attention", "future"])
+Job = collections.namedtuple("Job", ["sources", "tokens", "beam", "attention", "future",
+                                   "n_best"])
+MAX_ATTENTION_CELLS = 1_000_000  # attention weights per request (~8 MB of JSON)
 
 
 class Busy(Exception):
-    """Too many sentences are waiting; the client should retry later."""
+    """Too many sentences are waiting; the client should retry later (HTTP 429)."""
+
+
+class Unavailable(Exception):
+    """The engine is closed or its worker thread has stopped (HTTP 503)."""
+
+
+class TooLarge(Exception):
+    """The attention weights asked for have more than `max_cells` cells (HTTP 413)."""
 
 
 class Engine:
@@ -39,7 +54,12 @@ class Engine:
 
     def __init__(self, model_dir, ctx="auto", *, max_batch=64, max_pending=4096):
         self.model_dir = os.path.abspath(model_dir)
+        if checkpoint.load_config(model_dir).exact_chapter:  # before the model loads
+            raise ServeError(f"{model_dir} was trained with --exact-chapter (the book's bugs): "
+                             "the server needs the corrected model; translate it with "
+                             f"d2l-transformer translate --model {model_dir}")
         self.max_batch, self.max_pending = max_batch, max_pending
+        self._closed = False
         self.batches = self.sentences = 0  # statistics: model calls and sentences translated
         self._pending, self._lock = 0, threading.Lock()
         self._queue = queue.Queue()
@@ -60,19 +80,44 @@ class Engine:
         with self._lock:
             return self._pending
 
-    def submit(self, sources, tokens, beam, attention=False):
+    def alive(self):
+        """True while the engine takes work: not closed, and its worker thread running."""
+        return not self._closed and self._thread.is_alive()
+
+    def attention_cells(self, n, m):
+        """The number of attention weights `Translator.attention` returns for a source of `n`
+        tokens and a decoder input of `m` (``<bos>`` + the translation): layers x heads x
+        queries x keys, summed over encoder self (n x n), decoder self (m x m) and
+        encoder-decoder (m x n) attention."""
+        return self.heads * (self.enc_layers * n * n + self.dec_layers * (m * m + m * n))
+
+    def max_output(self, n):
+        """The most tokens the translator may emit for a source of `n` tokens."""
+        return self.translator._limit(n)
+
+    def submit(self, sources, tokens, beam, attention=False, *, n_best=1):
         """Queue sentences (texts and their token lists); a Future of their result dicts
-        ``{"source", "translation", "score"[, "attention"]}``. Raises Busy when full."""
+        ``{"source", "translation", "score"[, "attention"][, "alternatives"]}``. `attention`:
+        False, or the most attention cells (`attention_cells`) the job may return (else the
+        future fails with TooLarge); `n_best` > 1: also the next best beams' translations as
+        ``"alternatives"``. Raises Busy when too much is waiting, Unavailable when closed."""
+        if attention is True:
+            attention = MAX_ATTENTION_CELLS
         with self._lock:
+            if not self.alive():
+                raise Unavailable("the server is shutting down" if self._closed else
+                                  "the model's worker thread has stopped")
             if self._pending + len(tokens) > self.max_pending:
                 raise Busy(f"{self._pending} sentences are waiting; retry later")
             self._pending += len(tokens)
-        future = concurrent.futures.Future()
-        self._queue.put(Job(list(sources), list(tokens), beam, attention, future))
+            future = concurrent.futures.Future()  # queued under the lock: close() comes after
+            self._queue.put(Job(list(sources), list(tokens), beam, attention, future, n_best))
         return future
 
     def close(self):
-        """Finish the queued work and stop the worker."""
+        """Finish the queued work and stop the worker; `submit` fails from now on."""
+        with self._lock:
+            self._closed = True
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
@@ -86,6 +131,8 @@ class Engine:
         self.translator = Translator(model, self.src_vocab, self.tgt_vocab, ctx,
                                      num_steps=cfg.num_steps, batch_size=self.max_batch)
         self.max_positions = model.encoder.pos_encoding.max_len
+        self.enc_layers = len(model.encoder._active_blocks())
+        self.dec_layers, self.heads = len(model.decoder._active_blocks()), cfg.num_heads
         self.info = {"name": os.path.basename(self.model_dir), "preset": summary.get("preset"),
                      "epochs": summary.get("epochs_done"), "layers": cfg.num_layers,
                      "heads": cfg.num_heads, "embedding_size": cfg.embedding_size,
@@ -100,19 +147,30 @@ class Engine:
             return
         finally:
             self._ready.set()
-        while True:
-            jobs = [self._queue.get()]
-            size = 0 if jobs[0] is None else len(jobs[0].tokens)
-            while jobs[-1] is not None and size < self.max_batch:
+        try:
+            while True:
+                jobs = [self._queue.get()]
+                size = 0 if jobs[0] is None else len(jobs[0].tokens)
+                while jobs[-1] is not None and size < self.max_batch:
+                    try:
+                        jobs.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                    size += 0 if jobs[-1] is None else len(jobs[-1].tokens)
+                stop = jobs[-1] is None
+                self._serve([j for j in jobs if j is not None])
+                if stop:
+                    return
+        finally:  # however the worker ends, nothing queued waits for ever
+            with self._lock:
+                self._closed = True
+            while True:
                 try:
-                    jobs.append(self._queue.get_nowait())
+                    job = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                size += 0 if jobs[-1] is None else len(jobs[-1].tokens)
-            stop = jobs[-1] is None
-            self._serve([j for j in jobs if j is not None])
-            if stop:
-                return
+                if job is not None and job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(Unavailable("the server is shutting down"))
 
     def _serve(self, jobs):
         for beam in sorted({j.beam for j in jobs}):
@@ -133,18 +191,31 @@ class Engine:
 
     def _translate(self, jobs, beam):
         """One `Translator.translate` call for all sentences of `jobs`; their result lists."""
-        hyps = iter(self.translator.translate([t for j in jobs for t in j.tokens],
-                                              beam_size=beam, alpha=ALPHA))
+        n_best = max(j.n_best for j in jobs)
+        hyps = iter(self.translator.translate([t for j in jobs for t in j.tokens], beam_size=beam,
+                                              alpha=ALPHA, n_best=n_best))
         self.batches += 1
         results = []
         for j in jobs:
+            best = [next(hyps) for _ in j.tokens]  # each sentence's n_best hypotheses
+            if j.attention is not False:
+                cells = sum(self.attention_cells(len(src), len(b[0].tokens) + 1)
+                            for src, b in zip(j.tokens, best))
+                if cells > j.attention:
+                    results.append(TooLarge(f"attention: {cells} weights (layers x heads x "
+                                            f"queries x keys); at most {j.attention} per "
+                                            "request: send fewer or shorter sentences"))
+                    continue
             items = []
-            for source, tokens in zip(j.sources, j.tokens):
-                hyp = next(hyps)
+            for source, tokens, b in zip(j.sources, j.tokens, best):
+                hyp = b[0]
                 item = {"source": source, "translation": self.tokenizer.decode(list(hyp.tokens)),
                         "score": round(float(hyp.score), 4)}
-                if j.attention:
+                if j.attention is not False:
                     item["attention"] = self.translator.attention(tokens, list(hyp.tokens))
+                if j.n_best > 1:
+                    item["alternatives"] = [self.tokenizer.decode(list(h.tokens))
+                                            for h in b[1:j.n_best]]
                 items.append(item)
             results.append(items)
         self.sentences += sum(len(j.tokens) for j in jobs)
