@@ -222,3 +222,225 @@ def test_a_bad_model_directory_is_one_line(tmp_path, capsys):
         assert cli.main(["serve", "--model", str(tmp_path / "nope"), "--port", str(port)]) == 2
     assert capsys.readouterr().err.strip() == \
         f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+# ------------------------------------------------------------------------------ hardening
+def test_lone_surrogates_are_422_never_500(client):
+    for raw, message in ((b'{"text": ["go . \\ud800"]}',
+                          "text[0]: not valid Unicode (a lone surrogate at character 5)"),
+                         (b'{"text": ["go ."], "\\udc80x": 1}',
+                          "body: Input should be a valid string, unable to parse raw data as "
+                          "a unicode string")):
+        r = post(client, raw)
+        assert r.status_code == 422 and r.json() == {"error": message}
+    assert good(client)
+
+
+def test_the_one_rule_refuses_the_same_inputs_with_the_same_words(client, engine, model_dir,
+                                                                  monkeypatch, capsys):
+    """The CLI, the server and the library (`inference.limits`) say the same thing."""
+    import io
+
+    from d2l_transformer import cli
+    from d2l_transformer.inference.limits import SentenceError
+
+    cases = ["   ", "zzz qqq", "go " * 201, "go " * 400, "go . \ud800"]
+    server = [post(client, {"text": [c]} if "\ud800" not in c else
+                   b'{"text": ["go . \\ud800"]}').json()["error"] for c in cases]
+    assert all(e.startswith("text[0]: ") for e in server)
+    words = [e[len("text[0]: "):] for e in server]
+    assert words == ["empty sentence", "no word of it is in the model's vocabulary",
+                     "201 tokens; at most 200 (the sentence limit)",
+                     "1200 characters; at most 1000",
+                     "not valid Unicode (a lone surrogate at character 5)"]
+    raw = "\n".join(cases).encode("utf-8", "surrogatepass")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))
+    assert cli.main(["translate", "--model", model_dir]) == 1
+    err = capsys.readouterr().err.splitlines()
+    expected = [f"error: line {i}: {w}; skipped" for i, w in enumerate(words, 1)]
+    expected[-1] = "error: line 5: not UTF-8 (invalid continuation byte at byte 5); skipped"
+    assert err == expected  # the last line's bytes are not UTF-8 on stdin
+    assert cli.main(["translate", "--model", model_dir, "go . \udcff"]) == 1  # argv's bytes
+    assert capsys.readouterr().err.strip() == \
+        "error: argument 1: not valid Unicode (a lone surrogate at character 5); skipped"
+    with pytest.raises(SentenceError, match="^sentence 1: empty sentence$"):
+        engine.translator.translate([["go", "."], []])
+    with pytest.raises(SentenceError, match="^sentence 0: 1001 tokens; at most 1000 "
+                                            r"\(the model's positions\)$"):
+        engine.translator.encode_source([["go"] * 1001])
+
+
+def _cells(attention):
+    return sum(len(head) * len(head[0]) for kind in ("encoder", "decoder", "cross")
+               for layer in attention[kind] for head in layer)
+
+
+def test_attention_is_capped_by_its_cells(client, engine, direct):
+    # the count the cap uses is the number of weights the answer carries
+    r = post(client, {"text": ["I won !", "Go ."], "beam": 1, "attention": True})
+    for item in r.json()["translations"]:
+        n, m = len(engine.encode(item["source"])), len(item["translation"].split()) + 1
+        assert _cells(item["attention"]) == engine.attention_cells(n, m) == \
+            4 * (2 * n * n + 2 * (m * m + m * n))
+    # refused before decoding: 4 sentences of 200 tokens need at least 4 * 321,608 weights
+    r = post(client, {"text": ["go " * 200] * 4, "attention": True})
+    assert r.status_code == 413
+    assert r.json()["error"] == ("attention: at least 1286432 weights (layers x heads x queries "
+                                 "x keys); at most 1000000 per request: send fewer or shorter "
+                                 "sentences")
+    assert post(client, {"text": ["go " * 200] * 4}).status_code == 200  # without: fine
+    # refused after decoding when only the translation's length tells
+    hyp = direct.translate([engine.encode("I won !")])[0]
+    cells = engine.attention_cells(3, len(hyp.tokens) + 1)
+    assert engine.attention_cells(3, 1) < cells
+    for cap, status in ((cells - 1, 413), (cells, 200)):
+        with TestClient(create_app(engine, max_attention_cells=cap), base_url=BASE) as small:
+            r = post(small, {"text": ["I won !"], "beam": 1, "attention": True})
+            assert r.status_code == status
+            if status == 413:
+                assert r.json()["error"].startswith(f"attention: {cells} weights")
+            else:
+                assert _cells(r.json()["translations"][0]["attention"]) == cells
+
+
+def test_json_content_type_is_required(client):
+    body = json.dumps({"text": ["go ."]}).encode()
+    for ctype, status in (("application/json", 200), ("application/json; charset=utf-8", 200),
+                          ("text/plain", 415), (None, 415), ("multipart/form-data; b=x", 415)):
+        headers = {"Content-Type": ctype} if ctype else {}
+        r = client.post("/translate", content=body, headers=headers)
+        assert r.status_code == status, (ctype, r.text)
+        if status == 415:
+            assert r.json()["error"].startswith(
+                "the body's Content-Type must be application/json or "
+                "application/x-www-form-urlencoded")
+    # a form body is LibreTranslate's request: without q it is refused as LibreTranslate does
+    r = client.post("/translate", data={"text": "go ."})
+    assert r.status_code == 400 and r.json() == {"error": "Invalid request: missing q parameter"}
+
+
+def test_foreign_host_headers_are_refused(engine):
+    from d2l_transformer.serve.app import allowed_hosts_for
+
+    assert allowed_hosts_for("127.0.0.1") == ["127.0.0.1", "[::1]", "localhost"]
+    assert allowed_hosts_for("localhost") == ["127.0.0.1", "[::1]", "localhost"]
+    assert allowed_hosts_for("::1") == ["127.0.0.1", "[::1]", "localhost"]
+    assert allowed_hosts_for("0.0.0.0") == ["*"]
+    assert allowed_hosts_for("0.0.0.0", ["mt.example.org"]) == ["mt.example.org"]
+    assert allowed_hosts_for("192.168.1.5") == ["192.168.1.5"]
+    app = create_app(engine)  # the default: loopback names, any port
+    for base, status in (("http://127.0.0.1:8000", 200), ("http://localhost:1234", 200),
+                         ("http://[::1]:8000", 200), ("http://attacker.example", 400),
+                         ("http://127.0.0.1.attacker.example:8000", 400)):
+        with TestClient(app, base_url=base) as c:
+            r = c.get("/health")
+            assert r.status_code == status, base
+            if status == 400:
+                assert r.text == "Invalid host header"
+                assert post(c, {"text": ["go ."]}).status_code == 400
+    with TestClient(create_app(engine, allowed_hosts=["*"]), base_url="http://any.example") as c:
+        assert c.get("/health").status_code == 200
+
+
+def test_the_body_limit_is_linear_and_has_a_deadline():
+    """Many tiny chunks are counted, not concatenated, and refused as soon as they pass the
+    limit; a body that stalls is answered 408."""
+    import asyncio
+
+    from d2l_transformer.serve.app import BodyLimit
+
+    def run(chunks, max_body, seconds=30, stall=False):
+        seen, sent = [], []
+
+        async def app(scope, receive, send):
+            seen.append((await receive())["body"])
+
+        async def receive():
+            if stall and len(received) == 2:
+                await asyncio.sleep(60)
+            received.append(1)
+            return {"type": "http.request", "body": chunks[len(received) - 1],
+                    "more_body": len(received) < len(chunks)}
+
+        async def send(message):
+            sent.append(message)
+
+        received = []
+        scope = {"type": "http", "headers": []}
+        asyncio.run(BodyLimit(app, max_body, seconds)(scope, receive, send))
+        return seen, sent, len(received)
+
+    chunks = [b"abcd"] * (1 << 16)  # 256 KiB in 4-byte chunks
+    seen, sent, read = run(chunks, max_body=(1 << 18) - 1)
+    assert seen == [] and sent[0]["status"] == 413 and read == 1 << 16
+    assert json.loads(sent[1]["body"]) == {"error": "request body over 262143 bytes"}
+    seen, sent, read = run(chunks, max_body=1 << 18)
+    assert seen == [b"abcd" * (1 << 16)] and sent == []
+    seen, sent, read = run([b"a"] * 10, max_body=100, seconds=0.2, stall=True)
+    assert seen == [] and sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"]) == {"error": "request body not received within 0.2 s"}
+
+
+def test_a_closed_or_dead_engine_answers_at_once(model_dir):
+    from d2l_transformer.serve.engine import Unavailable
+
+    engine = Engine(model_dir, "cpu")
+    with TestClient(create_app(engine), base_url=BASE) as c:
+        assert c.get("/health").json()["status"] == "ok"
+        real = engine._thread
+        dead = threading.Thread(target=lambda: None)
+        dead.start()
+        dead.join()
+        engine._thread = dead  # the worker thread has died
+        r = c.get("/health")
+        assert r.status_code == 503
+        assert r.json() == {"status": "unavailable", "error": "the model's worker thread has stopped"}
+        r = post(c, {"text": ["go ."]})
+        assert r.status_code == 503
+        assert r.json() == {"error": "the model's worker thread has stopped"}
+        engine._thread = real
+        engine.close()
+        with pytest.raises(Unavailable, match="the server is shutting down"):
+            engine.submit(["Go ."], [["go", "."]], beam=1)  # at once, never queued
+        r = post(c, {"text": ["go ."]})
+        assert r.status_code == 503 and r.json() == {"error": "the server is shutting down"}
+        assert c.get("/health").status_code == 503
+
+
+def test_a_full_queue_is_429(engine, monkeypatch):
+    monkeypatch.setattr(engine, "max_pending", 0)
+    with TestClient(create_app(engine), base_url=BASE) as c:
+        r = post(c, {"text": ["go ."]})
+    assert r.status_code == 429 and r.json() == {"error": "0 sentences are waiting; retry later"}
+
+
+def test_the_api_key_guards_our_requests_too(engine):
+    with TestClient(create_app(engine, api_key="s3cret"), base_url=BASE) as c:
+        r = post(c, {"text": ["go ."]})
+        assert r.status_code == 403 and r.json() == {"error": "this server needs an api_key"}
+        r = post(c, {"text": ["go ."], "api_key": "wrong"})
+        assert r.status_code == 403 and r.json() == {"error": "Invalid API key"}
+        assert post(c, {"text": ["go ."], "api_key": "s3cret"}).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/").status_code == 200
+
+
+def test_an_exact_chapter_model_is_refused_in_one_line(tmp_path, capsys):
+    import io
+
+    import mxnet as mx
+
+    from d2l_transformer import cli
+    from d2l_transformer.config import CHAPTER
+    from d2l_transformer.serve import ServeError
+    from d2l_transformer.training.run import train_model
+
+    out = str(tmp_path / "exact")
+    train_model(CHAPTER.replace(num_epochs=1, exact_chapter=True), out, ctx=mx.cpu(),
+                progress=False, preset="chapter", log=io.StringIO())
+    message = (f"{out} was trained with --exact-chapter (the book's bugs): the server needs the "
+               f"corrected model; translate it with d2l-transformer translate --model {out}")
+    with pytest.raises(ServeError) as e:
+        Engine(out, "cpu")
+    assert str(e.value) == message
+    assert cli.main(["serve", "--model", out, "--port", "0"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"

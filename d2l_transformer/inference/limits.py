@@ -2,10 +2,14 @@
 the command line (``translate``) and the server (``serve``), so that all three refuse the same
 inputs with the same words.
 
-A sentence is refused when it is not valid Unicode (a lone surrogate), longer than `MAX_CHARS`
-characters, empty, longer than `MAX_TOKENS` tokens or the model's positions (whichever is
-fewer), or has no word the model knows. The messages are one line, without the sentence itself
-(callers prefix where it was: ``line 3: ``, ``text[2]: ``, ``sentence 0: ``).
+The command line and the server refuse a sentence that is not valid Unicode (a lone
+surrogate), longer than `MAX_CHARS` characters, empty, longer than `MAX_TOKENS` tokens or the
+model's positions (whichever is fewer), or has no word the model knows (`sentence_tokens`).
+The `Translator` refuses, with the same words, what no model can translate: an empty sentence
+or one longer than the model's positions (`check_length`); it still translates a sentence of
+unknown words, as the chapter's ``predict_s2s_ch8`` does. The messages are one line, without
+the sentence itself (callers prefix where it was: ``line 3: ``, ``text[2]: ``,
+``sentence 0: ``).
 """
 
 MAX_CHARS = 1000  # characters per sentence
@@ -34,15 +38,23 @@ def check_text(text, max_chars=MAX_CHARS):
             from None
 
 
-def check_sentence(tokens, src_vocab, max_positions, max_tokens=MAX_TOKENS):
-    """Refuse (SentenceError) a token list that is empty, longer than `max_tokens` or
-    `max_positions`, or made only of words outside `src_vocab`."""
+def check_length(tokens, max_positions, max_tokens=MAX_TOKENS):
+    """Refuse (SentenceError) a token list that is empty or longer than `max_tokens` (None: no
+    such cap) or the model's `max_positions`: what no model can translate. The `Translator`
+    checks this much (with no cap but the positions: a library call may translate anything the
+    model can compute, as the chapter's ``predict_s2s_ch8`` does)."""
     if not tokens:
         raise SentenceError("empty sentence")
-    limit = min(max_tokens, max_positions)
+    limit = max_positions if max_tokens is None else min(max_tokens, max_positions)
     if len(tokens) > limit:
         whose = "the model's positions" if limit == max_positions else "the sentence limit"
         raise SentenceError(f"{len(tokens)} tokens; at most {limit} ({whose})", too_large=True)
+
+
+def check_sentence(tokens, src_vocab, max_positions, max_tokens=MAX_TOKENS):
+    """`check_length`, and refuse (SentenceError) a sentence made only of words outside
+    `src_vocab`: what the command line and the server translate."""
+    check_length(tokens, max_positions, max_tokens)
     if all(src_vocab[t] == src_vocab.unk for t in tokens):
         raise SentenceError("no word of it is in the model's vocabulary")
 

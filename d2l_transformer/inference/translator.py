@@ -40,7 +40,7 @@ from mxnet.gluon import nn
 from .. import _graphs, kernels
 from ..data import truncate_pad
 from ..model import DecoderStep, EncoderKV
-from .limits import SentenceError, check_sentence
+from .limits import SentenceError, check_length
 
 BEAM_SIZE, ALPHA = 4, 0.6  # the paper's (6.1)
 NEG = onp.float32(-1e18)  # the score of an impossible candidate (gluonnlp's LARGE_NEGATIVE_FLOAT)
@@ -220,17 +220,21 @@ class Translator:
     # ------------------------------------------------------------------------------ the source
     def encode_source(self, sentences):
         """Token lists -> ``(X (batch, width), valid_length (batch,))`` on the device: ids
-        padded to width = max(num_steps, longest), never truncated. A sentence `check_sentence`
-        refuses (empty, too long, no known word) raises SentenceError."""
-        for i, tokens in enumerate(sentences):  # the one rule (`limits`), as the CLI and server
-            try:
-                check_sentence(tokens, self.src_vocab, self.max_source)
-            except SentenceError as e:
-                raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
+        padded to width = max(num_steps, longest), never truncated. An empty sentence, or one
+        longer than the model's positions, raises SentenceError (`limits.check_length`)."""
+        self._check(sentences)
         ids = [self.src_vocab[list(tokens)] for tokens in sentences]
         width = max([self.num_steps] + [len(t) for t in ids])
         X = np.array([truncate_pad(t, width, self.pad) for t in ids], ctx=self.ctx)  # (batch, width)
         return X, np.array([len(t) for t in ids], ctx=self.ctx)  # valid lengths: (batch,)
+
+    def _check(self, sentences):
+        """`limits.check_length` (the rule the CLI and the server apply too) on each sentence."""
+        for i, tokens in enumerate(sentences):
+            try:
+                check_length(tokens, self.max_source, max_tokens=None)
+            except SentenceError as e:
+                raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
 
     def _limit(self, source_length):
         if self.max_length is not None:
@@ -254,6 +258,7 @@ class Translator:
         if beam_size > vocab:
             raise ValueError(f"beam size {beam_size} is larger than the vocabulary ({vocab})")
         sentences = [list(s) for s in sentences]
+        self._check(sentences)  # numbered as given, before the batches are sorted
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # less padding
         out = [None] * len(sentences)
         dec = self.model.decoder  # OpenMP threads for the output layer's size (`_threads`)
