@@ -48,7 +48,7 @@ setup(
         "cpu": ["mxnet==1.9.1"],
         "cu112": ["mxnet-cu112==1.9.1"] + CUDA11,
         # ipython<9 for the d2l oracle (IPython 9 lost set_matplotlib_formats)
-        "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium"],
+        "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium", "libretranslatepy"],
         "serve": ["fastapi", "uvicorn"],  # d2l-transformer serve
         "notebook": ["notebook", "nbclient", "nbformat", "ipykernel"],
     },

@@ -44,6 +44,7 @@ LANGUAGES = [{"code": "en", "name": "English", "targets": ["fr"]},
 DETECTED = {"confidence": 0.0, "language": "en"}
 JSON_TYPES = ("application/json",)
 FORM_TYPE = "application/x-www-form-urlencoded"
+LIBRE_FIELDS = ("q", "source", "target")  # a JSON object with one of these (and no text)
 
 
 class TranslateRequest(BaseModel):
@@ -394,11 +395,13 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
                   "schema": TranslateRequest.model_json_schema()}}}})
     async def translate(request: Request):
         """Translate sentences (batched with other requests through the package's translator);
-        with ``"attention": true`` each translation carries its attention weights. A body with
-        ``q`` (JSON or a URL-encoded form) is LibreTranslate's request and gets its answer
-        (``{"translatedText": ...}``, docs/serving.md)."""
+        with ``"attention": true`` each translation carries its attention weights. A form body,
+        or a JSON object without ``text`` but with ``q``, ``source`` or ``target``, is
+        LibreTranslate's request and gets its answer (``{"translatedText": ...}``,
+        docs/serving.md)."""
         kind, data = read_body(request.headers.get("content-type"), await request.body())
-        if kind == "form" or (isinstance(data, dict) and "q" in data):
+        if kind == "form" or (isinstance(data, dict) and "text" not in data
+                              and any(k in data for k in LIBRE_FIELDS)):
             return await libre(data)
         return await ours(data)
 
