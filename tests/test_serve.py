@@ -412,6 +412,7 @@ def test_a_full_queue_is_429(engine, monkeypatch):
     with TestClient(create_app(engine), base_url=BASE) as c:
         r = post(c, {"text": ["go ."]})
     assert r.status_code == 429 and r.json() == {"error": "0 sentences are waiting; retry later"}
+    assert r.headers["retry-after"] == "1"
 
 
 def test_the_api_key_guards_our_requests_too(engine):

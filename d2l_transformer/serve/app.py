@@ -79,9 +79,9 @@ class ErrorResponse(BaseModel):
 
 
 class ApiError(Exception):
-    def __init__(self, status, message):
+    def __init__(self, status, message, headers=None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers
 
 
 def _error(status, message, headers=None):
@@ -224,7 +224,7 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
 
     @app.exception_handler(ApiError)
     async def api_error(request, e):
-        return _error(e.status, e.message)
+        return _error(e.status, e.message, e.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e):  # 404, 405, ...
@@ -258,7 +258,7 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
         try:
             future = engine.submit(sources, tokens, beam, attention, n_best=n_best)
         except Busy as e:
-            raise ApiError(429, str(e)) from None
+            raise ApiError(429, str(e), {"Retry-After": "1"}) from None
         except Unavailable as e:
             raise ApiError(503, str(e)) from None
         try:
