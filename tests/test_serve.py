@@ -407,6 +407,26 @@ def test_a_closed_or_dead_engine_answers_at_once(model_dir):
         assert c.get("/health").status_code == 503
 
 
+def test_work_taken_by_a_worker_that_dies_fails_at_once(model_dir, monkeypatch):
+    from d2l_transformer.serve.engine import Unavailable
+
+    engine = Engine(model_dir, "cpu")
+
+    def dies(jobs):
+        raise SystemExit("the worker thread ends")  # not an Exception: the thread itself ends
+
+    monkeypatch.setattr(engine, "_serve", dies)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # expected: no report
+    future = engine.submit(["Go ."], [["go", "."]], beam=1)
+    with pytest.raises(Unavailable, match="^the model's worker thread has stopped$"):
+        future.result(60)
+    engine._thread.join(60)
+    assert not engine.alive()
+    with pytest.raises(Unavailable):
+        engine.submit(["Go ."], [["go", "."]], beam=1)
+    engine.close()  # and closing a dead engine returns
+
+
 def test_a_full_queue_is_429(engine, monkeypatch):
     monkeypatch.setattr(engine, "max_pending", 0)
     with TestClient(create_app(engine), base_url=BASE) as c:

@@ -147,6 +147,7 @@ class Engine:
             return
         finally:
             self._ready.set()
+        jobs, stop = [], False
         try:
             while True:
                 jobs = [self._queue.get()]
@@ -161,16 +162,21 @@ class Engine:
                 self._serve([j for j in jobs if j is not None])
                 if stop:
                     return
-        finally:  # however the worker ends, nothing queued waits for ever
+        finally:  # however the worker ends, nothing taken or queued waits for ever
             with self._lock:
                 self._closed = True
             while True:
                 try:
-                    job = self._queue.get_nowait()
+                    jobs.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if job is not None and job.future.set_running_or_notify_cancel():
-                    job.future.set_exception(Unavailable("the server is shutting down"))
+            for job in jobs:
+                if job is None or job.future.done():
+                    continue
+                if job.future.running() or job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(Unavailable("the server is shutting down" if stop
+                                                         else "the model's worker thread has "
+                                                              "stopped"))
 
     def _serve(self, jobs):
         for beam in sorted({j.beam for j in jobs}):
