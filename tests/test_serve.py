@@ -465,3 +465,18 @@ def test_an_exact_chapter_model_is_refused_in_one_line(tmp_path, capsys):
     assert str(e.value) == message
     assert cli.main(["serve", "--model", out, "--port", "0"]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_serve_options_reach_the_server(monkeypatch):
+    from d2l_transformer import cli, serve
+
+    calls = []
+    monkeypatch.setattr(serve, "run", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.delenv("D2L_TRANSFORMER_API_KEY", raising=False)
+    assert cli.main(["serve", "--model", "m", "--host", "0.0.0.0", "--allowed-hosts",
+                     "mt.example.org, 10.0.0.2", "--api-key", "k"]) == 0
+    assert calls[-1] == (("m", "0.0.0.0", 8000, "auto"),
+                         {"allowed_hosts": ["mt.example.org", "10.0.0.2"], "api_key": "k"})
+    monkeypatch.setenv("D2L_TRANSFORMER_API_KEY", "from-env")
+    assert cli.main(["serve", "--model", "m"]) == 0
+    assert calls[-1][1] == {"allowed_hosts": None, "api_key": "from-env"}
