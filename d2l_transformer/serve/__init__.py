@@ -3,7 +3,8 @@
 
 
 class ServeError(ValueError):
-    """The server cannot start (the serve extra missing, the port taken); one line."""
+    """The server cannot start (the serve extra missing, the port taken, an exact-chapter
+    model); one line."""
 
 
 def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,

@@ -91,10 +91,6 @@ class Engine:
         encoder-decoder (m x n) attention."""
         return self.heads * (self.enc_layers * n * n + self.dec_layers * (m * m + m * n))
 
-    def max_output(self, n):
-        """The most tokens the translator may emit for a source of `n` tokens."""
-        return self.translator._limit(n)
-
     def submit(self, sources, tokens, beam, attention=False, *, n_best=1):
         """Queue sentences (texts and their token lists); a Future of their result dicts
         ``{"source", "translation", "score"[, "attention"][, "alternatives"]}``. `attention`:
