@@ -7,10 +7,13 @@ stream seeded once, before the training cell (`mx.random.seed`, `random.seed`,
 the loss of every epoch, so `d2l-transformer compare` prints it beside our runs.
 
 It is an independent oracle: nothing of d2l_transformer is imported (only the NumPy-alias shim,
-loaded from its file, which MXNet 1.9.1 needs on NumPy >= 1.24), and OpenMP is left to MXNet's
-own choice, as in a plain notebook. The data is d2l's own reader on this project's
-fra-eng.zip (d2l's `download` is pointed at a copy of it instead of the web). Exit 2 with one
-line when d2l 0.11.4 is not installed."""
+loaded from its file, which MXNet 1.9.1 needs on NumPy >= 1.24). The data is d2l's own reader on
+this project's fra-eng.zip (d2l's `download` is pointed at a copy of it instead of the web).
+OpenMP: ``OMP_NUM_THREADS=1`` unless it is set, the thread count d2l_transformer uses at the
+chapter's sizes: the thread count changes the rounding of MXNet's CPU operators (seed 0, two
+threads: epoch 2's loss differs in the 9th digit), and MXNet's own default, half the logical
+CPUs, is one thread only on a 2-CPU machine. Exit 2 with one line when d2l 0.11.4 is not
+installed."""
 
 import argparse
 import contextlib
@@ -32,7 +35,8 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--ctx", default="auto", help="auto (d2l.try_gpu(), the chapter's), cpu, gpu")
+    p.add_argument("--ctx", default="auto",
+                   help="auto (d2l.try_gpu(), the chapter's), cpu, gpu or gpu:N")
     p.add_argument("--data", default=os.path.join(ROOT, "data", "fra-eng.zip"),
                    help="path of fra-eng.zip")
     p.add_argument("--out", default=None, help="directory for summary.json (default: none)")
@@ -46,6 +50,7 @@ def _numpy_aliases():
 
 
 def run(args):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before MXNet reads it
     _numpy_aliases()
     try:
         import d2l
@@ -56,6 +61,9 @@ def run(args):
         return 2
     if getattr(d2l, "__version__", None) != "0.11.4":
         print(f"error: d2l {d2l.__version__} is installed; the chapter used 0.11.4", file=sys.stderr)
+        return 2
+    if args.epochs < 1:
+        print("error: --epochs must be at least 1", file=sys.stderr)
         return 2
     if not os.path.exists(args.data):
         print(f"error: dataset not found: {args.data}", file=sys.stderr)
@@ -78,7 +86,11 @@ def run(args):
             epochs.append(self)
 
     d2l_module.Accumulator = Accumulator
-    ctx = {"auto": d2l.try_gpu, "cpu": mx.cpu, "gpu": mx.gpu}[args.ctx]()
+    kind, _, index = args.ctx.partition(":")
+    if kind not in ("auto", "cpu", "gpu") or (index and (kind != "gpu" or not index.isdigit())):
+        print(f"error: unknown context {args.ctx!r}: use auto, cpu, gpu or gpu:N", file=sys.stderr)
+        return 2
+    ctx = d2l.try_gpu() if kind == "auto" else mx.cpu() if kind == "cpu" else mx.gpu(int(index or 0))
 
     mx.random.seed(args.seed)
     random.seed(args.seed)
@@ -100,10 +112,12 @@ def run(args):
     model = d2l.EncoderDecoder(encoder, decoder)
     printed = io.StringIO()
     tic = time.time()
-    with contextlib.redirect_stdout(printed):  # the animator's figures print as text
-        d2l.train_s2s_ch9(model, train_iter, lr, num_epochs, ctx)
+    try:
+        with contextlib.redirect_stdout(printed):  # the animator's figures print as text
+            d2l.train_s2s_ch9(model, train_iter, lr, num_epochs, ctx)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     seconds = time.time() - tic
-    shutil.rmtree(tmp, ignore_errors=True)
     book_line = [line for line in printed.getvalue().splitlines() if line.startswith("loss ")][-1]
     print(book_line)
     translations = {}
@@ -122,6 +136,7 @@ def run(args):
         "tokens_per_sec": float(book_line.split(", ")[1].split()[0]), "ctx": str(ctx),
         "epoch_history": history, "history": [(e, loss) for e, loss in history if e % 10 == 0],
         "num_tokens": last[1], "translations": translations, "train_seconds": seconds,
+        "omp_num_threads": os.environ["OMP_NUM_THREADS"],
     }
     if args.out:
         os.makedirs(args.out, exist_ok=True)
