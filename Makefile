@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - the chapter run (exact and corrected) + translations + the book comparison
+#   make demo   - the chapter run (exact and corrected, and the chapter's own code) + translations +
+#                 the book comparison
 #   make test   - lint and the test suite (make test-quick: without the tests marked slow)
 # The venv's Python: $(PYTHON) if it is 3.8-3.13; if it is not and PYTHON was not given, the newest
 # python3.13 ... python3.8 found. Another venv beside it: make VENV=.venv-3.13 PYTHON=python3.13 test
@@ -46,10 +47,12 @@ test-quick: venv
 	$(BIN)/ruff check d2l_transformer scripts tests
 	$(BIN)/python -m pytest -m "not slow"
 
+# the chapter's own code (d2l 0.11.4) runs beside the exact mode, when that oracle is installed
 demo: venv
-	$(BIN)/python scripts/train_chapter.py --exact-chapter --out $(OUT)/exact
+	$(BIN)/python scripts/train_chapter.py --exact-chapter --chapter-code --out $(OUT)/exact
 	$(BIN)/python scripts/train_chapter.py --skip-toys --out $(OUT)/corrected
-	$(BIN)/d2l-transformer compare $(OUT)/exact $(OUT)/corrected
+	$(BIN)/d2l-transformer compare $$(test -f $(OUT)/exact/chapter_code/summary.json && \
+	  echo $(OUT)/exact/chapter_code) $(OUT)/exact $(OUT)/corrected
 
 notebook: venv
 	$(BIN)/jupyter notebook notebooks/transformer.ipynb

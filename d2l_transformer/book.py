@@ -59,4 +59,35 @@ def load_run(directory):
                if k not in s]
     if missing:
         raise ValueError(f"{path} is not a chapter run's summary (no {', '.join(missing)})")
-    return ("exact chapter" if s.get("exact_chapter") else "corrected", s)
+    return (s.get("title") or ("exact chapter" if s.get("exact_chapter") else "corrected"), s)
+
+
+CHAPTER_CODE = "chapter's code"  # the title scripts/chapter_oracle.py gives its summary
+
+
+def agreement(chapter, ours):
+    """One line: does run `ours` (an exact-mode summary) repeat `chapter`, the chapter's own
+    code's summary (scripts/chapter_oracle.py), epoch for epoch? Compares every epoch's loss
+    (exact float equality, not a rounding of it) and the four translations."""
+    head = "exact chapter vs the chapter's own code (%s, seed %s)" % (
+        chapter.get("oracle", "d2l"), chapter.get("seed"))
+    if chapter.get("seed") != ours.get("seed"):
+        return f"{head}: not comparable, ours ran with seed {ours.get('seed')}"
+    theirs_loss = [tuple(e) for e in chapter.get("epoch_history", [])]
+    ours_loss = [tuple(e) for e in ours.get("epoch_history", [])]
+    if len(theirs_loss) != len(ours_loss):
+        return f"{head}: not comparable, {len(theirs_loss)} epochs against {len(ours_loss)}"
+    differ = [(a, b) for a, b in zip(theirs_loss, ours_loss) if a != b]
+    if differ:
+        (epoch, a), (_, b) = differ[0]
+        loss = f"loss first differs at epoch {epoch}: {a!r} (chapter) vs {b!r} (ours)"
+    else:
+        loss = f"loss identical at all {len(ours_loss)} epochs (last {ours_loss[-1][1]!r})"
+    same = sum(chapter["translations"].get(k) == v for k, v in ours["translations"].items())
+    return f"{head}: {loss}; {same} of {len(ours['translations'])} translations identical"
+
+
+def agreements(runs):
+    """`agreement` lines for every (chapter's code, exact run) pair among `runs`."""
+    return [agreement(c, s) for title, c in runs if title == CHAPTER_CODE
+            for t, s in runs if t != CHAPTER_CODE and s.get("exact_chapter")]

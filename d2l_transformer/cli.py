@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-from .book import compare_table, load_run
+from .book import agreements, compare_table, load_run
 from .config import PRESETS
 from .context import parse_ctx, parse_ctx_list
 from .data import DataError, TokenizerError, WordTokenizer, evaluation_sets
@@ -299,6 +299,8 @@ def cmd_compare(args):
     except (OSError, ValueError) as e:  # load_run's errors are one line naming the file
         raise UserError(f"cannot read a run: {e}") from None
     print(compare_table(runs))
+    for line in agreements(runs):  # a chapter's-code run (scripts/chapter_oracle.py) beside an exact one
+        print(line)
     return 0
 
 
@@ -403,7 +405,8 @@ def get_parser():
     x.set_defaults(func=cmd_export)
 
     c = sub.add_parser("compare", help="the book's output beside chapter runs")
-    c.add_argument("runs", nargs="+", help="model directories or chapter-script output directories")
+    c.add_argument("runs", nargs="+", help="model directories or chapter-script output directories "
+                   "(also scripts/chapter_oracle.py's: the chapter's own code)")
     c.set_defaults(func=cmd_compare)
     return p
 

@@ -5,22 +5,31 @@ directory OUT/model (for `d2l-transformer translate --model OUT/model`).
 
 It trains exactly as ``d2l-transformer train --preset chapter`` does (`train_model`): the same
 seed gives the same loss and translations. By default on the hybridized graph path; the
-chapter's imperative loop with --imperative, and always with --exact-chapter."""
+chapter's imperative loop with --imperative, and always with --exact-chapter.
+
+With --chapter-code it also runs the chapter's own code (scripts/chapter_oracle.py: its classes
+verbatim on d2l 0.11.4, seeded the same way) with the same seed, epochs, device and data, into
+OUT/chapter_code, and prints it beside this run; an exact run gives its loss at every epoch, bit
+for bit, and its translations (docs/chapter.md says on what conditions)."""
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import d2l_transformer as d2t  # isort: skip  (first: its NumPy-alias shim must precede mxnet)
 from mxnet import autograd, np
 from mxnet.gluon import nn
 
-from d2l_transformer.book import compare_table
+from d2l_transformer.book import CHAPTER_CODE, agreements, compare_table
 from d2l_transformer.cli import UserError, guarded
+from d2l_transformer.data import default_data_path
 from d2l_transformer.io import atomic
 from d2l_transformer.training.run import train_model
 from d2l_transformer.viz.png import plot_loss, plot_positional_encoding
+
+ORACLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chapter_oracle.py")
 
 
 def get_parser():
@@ -41,6 +50,9 @@ def get_parser():
     p.add_argument("--data", default=None, help="path of fra-eng.zip (default: data/fra-eng.zip)")
     p.add_argument("--skip-toys", action="store_true", help="do not print the toy checks")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--chapter-code", action="store_true",
+                   help="also run the chapter's own code (d2l 0.11.4, scripts/chapter_oracle.py) "
+                        "with the same seed and print it beside this run")
     return p
 
 
@@ -81,6 +93,27 @@ def toy_checks(out):
     print("9.3.6 DecoderBlock:", decoder_blk(X, state)[0].shape)
 
 
+def chapter_code(args, ctx, out):
+    """The chapter's own run with this run's seed, epochs, device and data, in a child process
+    (which inherits this one's OpenMP thread count): its summary, or None after one line on
+    stderr when the d2l 0.11.4 oracle is not installed."""
+    device = "cpu" if ctx.device_type == "cpu" else f"gpu:{ctx.device_id}"
+    cmd = [sys.executable, ORACLE, "--seed", str(args.seed), "--epochs", str(args.epochs),
+           "--ctx", device, "--data", args.data or default_data_path(), "--out", out]
+    print(f"running the chapter's own code (seed {args.seed}, {args.epochs} epochs on {device})",
+          file=sys.stderr)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode == 2:
+        reason = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "exit 2"
+        print("chapter's own code not run: " + reason.split("error: ", 1)[-1], file=sys.stderr)
+        return None
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr)
+        raise RuntimeError(f"scripts/chapter_oracle.py failed (exit {r.returncode})")
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
 def run(args):
     try:
         ctx = d2t.parse_ctx(args.ctx)
@@ -104,9 +137,14 @@ def run(args):
                                     cfg.num_epochs)
     atomic.write_text(os.path.join(args.out, "summary.json"),
                       json.dumps(summary, indent=2, ensure_ascii=False))
-    title = "exact chapter" if cfg.exact_chapter else "corrected"
+    runs = [("exact chapter" if cfg.exact_chapter else "corrected", summary)]
+    if args.chapter_code:
+        theirs = chapter_code(args, ctx, os.path.join(args.out, "chapter_code"))
+        runs = ([(CHAPTER_CODE, theirs)] if theirs else []) + runs
     print()
-    print(compare_table([(title, summary)]))
+    print(compare_table(runs))
+    for line in agreements(runs):
+        print(line)
     return 0
 
 

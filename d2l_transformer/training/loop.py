@@ -39,8 +39,8 @@ def set_rng_state(state):
 
 
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
-                  loss=None, start_epoch=1, epoch_seed=None, on_batch=None, report_every=50,
-                  fast=False, kvstore=None):
+                  loss=None, start_epoch=1, epoch_seed=None, reseed_from=1, on_batch=None,
+                  report_every=50, fast=False, kvstore=None):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -56,7 +56,9 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     given means the model is already initialised (or loaded) and is trained as it is, with this
     trainer; ``loss`` replaces `MaskedSoftmaxCELoss()`; epochs run from ``start_epoch``;
     ``epoch_seed`` reseeds MXNet's RNG (dropout, LayerDrop, DropHead) with ``epoch_seed +
-    epoch`` before each epoch, while NumPy's stream (the batch order) runs on as in the chapter;
+    epoch`` before each epoch from epoch ``reseed_from`` on, while NumPy's stream (the batch
+    order) runs on as in the chapter (``reseed_from=2``: epoch 1 draws the deferred Xavier
+    initialisation from the stream the caller seeded, as the chapter's run does);
     with `rng_state` saved at an epoch boundary and restored by `set_rng_state`, a resumed run
     repeats an uninterrupted one exactly; ``on_batch(epoch,
     batches_done, sums)`` is called after every batch: ``sums`` is the epoch's running
@@ -106,7 +108,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     num_batches = len(data_iter) if hasattr(data_iter, "__len__") else None
     epoch_loss, ce_sum, num_tokens_sum, elapsed = float("nan"), 0.0, 0.0, float("nan")
     for epoch in range(start_epoch, num_epochs + 1):
-        if epoch_seed is not None:
+        if epoch_seed is not None and epoch >= reseed_from:
             mx.random.seed(epoch_seed + epoch)  # the in-graph random ops; NumPy's stream runs on
         tic = time.time()
         loss_sum, ce_sum, num_tokens_sum, done = 0.0, 0.0, 0.0, 0
