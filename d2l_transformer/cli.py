@@ -22,7 +22,7 @@ from .data import DataError, TokenizerError
 from .distributed.kvstore import KVSTORES, create_kvstore
 from .distributed.launch import LAUNCHERS, LaunchError, launch
 from .evaluate import evaluate_model, format_report, format_score, score_files
-from .inference.text import TranslationError, check_sentence, translate_tokens
+from .inference.text import TranslationError, check_sentence, no_unk_for, translate_tokens
 from .inference.translator import ALPHA, BEAM_SIZE, Translator
 from .io import checkpoint
 from .training import book_line
@@ -84,7 +84,8 @@ def cmd_translate(args):
             print(f"wrote {path}", file=sys.stderr)
     if args.attention_html and good:  # the interactive explorer, data inlined
         from .viz.attention_html import explorer_items, write_explorer
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps)
+        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
+                                no_unk=no_unk_for(cfg, args.no_unk))
         texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
         write_explorer(args.attention_html,
                        explorer_items(translator, tokenizer, texts, args.beam, args.alpha))
