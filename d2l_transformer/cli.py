@@ -13,25 +13,17 @@ import errno
 import logging
 import os
 import sys
-import time
 import traceback
 
 from .book import agreements, compare_table, load_run
-from .config import PRESETS
+from .config import PRESETS, load_overrides, parse_overrides, resume_overrides
 from .context import parse_ctx, parse_ctx_list
-from .data import DataError, TokenizerError, WordTokenizer, evaluation_sets
+from .data import DataError, TokenizerError
 from .distributed.kvstore import KVSTORES, create_kvstore
 from .distributed.launch import LAUNCHERS, LaunchError, launch
-from .evaluate import (
-    BLEU_PAIRS_TEXT,
-    bleu,
-    format_score,
-    score,
-    score_all_references,
-    score_files,
-)
+from .evaluate import evaluate_model, format_report, format_score, score_files
 from .inference.limits import SentenceError, sentence_tokens
-from .inference.text import TranslationError, translate_texts, translate_tokens
+from .inference.text import TranslationError, no_unk_for, translate_tokens
 from .inference.translator import ALPHA, BEAM_SIZE, Translator
 from .io import checkpoint
 from .training import book_line
@@ -84,7 +76,7 @@ def cmd_translate(args):
             good.append(tokens)
         ok.append(problem is None)
     translations = iter(translate_tokens(model, good, src_vocab, tgt_vocab, cfg, ctx,
-                                         args.beam, args.alpha))
+                                         args.beam, args.alpha, no_unk=args.no_unk))
     outputs = [next(translations) if line_ok else "" for line_ok in ok]  # target tokens
     for out in outputs:  # one output line per input line, empty when skipped
         print(tokenizer.decode(out.split()))
@@ -96,7 +88,8 @@ def cmd_translate(args):
             print(f"wrote {path}", file=sys.stderr)
     if args.attention_html and good:  # the interactive explorer, data inlined
         from .viz.attention_html import explorer_items, write_explorer
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps)
+        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
+                                no_unk=no_unk_for(cfg, args.no_unk))
         texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
         write_explorer(args.attention_html,
                        explorer_items(translator, tokenizer, texts, args.beam, args.alpha))
@@ -137,66 +130,11 @@ def cmd_evaluate(args):
         return _evaluate_files(args)
     if not args.model:
         raise UserError("evaluate needs --model DIR, or --hyp FILE --ref FILE")
-    ctx = _device(args.ctx)
-    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(args.model, ctx)
-    tok = checkpoint.load_tokenizer(args.model, cfg)
-    lowercase = tok.lowercase or args.lowercase
-    decoders = [("greedy", 1)] + ([] if cfg.exact_chapter else [(f"beam {args.beam}", args.beam)])
-    report = {"model": args.model, "preset": summary.get("preset"), "tokenizer": tok.kind,
-              "lowercase": lowercase, "chapter_sentences": [], "sets": []}
-    words = WordTokenizer()  # d2l's bleu compares d2l's lower-cased tokens
-
-    def d2l_tokens(text):
-        return " ".join(words.encode(text))
-    print("the chapter's sentences, per-sentence BLEU (d2l's bleu, k=2, on d2l's lower-cased "
-          "tokens):")
-    for name, beam in decoders:
-        outs = translate_texts(model, [e for e, _ in BLEU_PAIRS_TEXT], tok, src_vocab, tgt_vocab,
-                               cfg, ctx, beam, args.alpha)
-        for (eng, fra), out in zip(BLEU_PAIRS_TEXT, outs):
-            shown = eng if tok.kind == "subword" else " ".join(tok.encode(eng))
-            value = bleu(d2l_tokens(out), d2l_tokens(fra), k=2)
-            print(f"  [{name}] {shown} => {out}, bleu {value:.3f}")
-            report["chapter_sentences"].append({"source": eng, "reference": fra, "decoder": name,
-                                                "translation": out, "d2l_bleu": value})
-    sets, note = evaluation_sets(cfg, src_vocab, tgt_vocab, args.data)
-    if note:
-        print(note)
-    print("corpus BLEU and chrF (sacreBLEU, detokenized output against the untokenized "
-          "references" + (", case-insensitive" if lowercase else "") + "):")
-    signatures = {}
-    for name, pairs, overlap in sets:
-        n = len(pairs.source)
-        src, refs = pairs.source[:args.max_sentences], pairs.target[:args.max_sentences]
-        entry = {"name": name, "pairs": n, "scored": len(src), "sources_seen_in_training": overlap,
-                 "decoders": {}}
-        report["sets"].append(entry)
-        seen = "" if overlap is None else f"  [sources seen in training: {overlap}]"
-        if not src:
-            print(f"  {name}: no pairs{seen}")
-            continue
-        cells, multi_cells = [], []
-        for decoder, beam in decoders:
-            tic = time.time()
-            hyps = translate_texts(model, src, tok, src_vocab, tgt_vocab, cfg, ctx, beam, args.alpha)
-            outs = [tok.detokenize(h) for h in hyps]
-            result = score(outs, refs, lowercase)
-            result["seconds"] = round(time.time() - tic, 1)
-            result["all_references"] = score_all_references(outs, src, pairs, lowercase)
-            entry["decoders"][decoder] = result
-            signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"],
-                          "all references' BLEU": result["all_references"]["bleu_signature"]}
-            cells.append(f"{decoder}: {format_score(result)} ({result['seconds']:.0f} s)")
-            multi_cells.append(f"{decoder}: {format_score(result['all_references'])}")
-        print(f"  {name} ({len(src)} of {n}): " + "  ".join(cells) + seen)
-        multi = result["all_references"]
-        print(f"    each of its {multi['sentences']} sources once, against all its references "
-              f"(1 to {multi['most_references']}): " + "  ".join(multi_cells))
-        if args.examples:
-            for s, r, h in list(zip(src, refs, hyps))[:args.examples]:
-                print(f"    {s} => {h}   [reference: {r}]")
-    for metric, signature in signatures.items():
-        print(f"{metric} signature: {signature}")
+    report = evaluate_model(args.model, ctx=_device(args.ctx), beam=args.beam, alpha=args.alpha,
+                            data_path=args.data, max_sentences=args.max_sentences,
+                            lowercase=args.lowercase, examples=args.examples,
+                            no_unk=args.no_unk)
+    print(format_report(report))
     if args.json:
         _write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
@@ -221,14 +159,27 @@ def _device(spec):
 
 
 def _train_config(args):
+    """The run's config: the preset (or, resuming, the saved one) < --config < --set < the
+    dedicated options (--exact-chapter, --max-pairs, --epochs)."""
     for option, value, least in (("--epochs", args.epochs, 1), ("--max-pairs", args.max_pairs, 1),
-                                 ("--checkpoint-every", args.checkpoint_every, 1)):
+                                 ("--checkpoint-every", args.checkpoint_every, 1),
+                                 ("--valid-every", args.valid_every, 0),
+                                 ("--patience", args.patience, 1),
+                                 ("--average-last", args.average_last, 1)):
         if value is not None and value < least:
             raise UserError(f"{option} must be at least {least}")
-    if args.resume:
-        cfg = checkpoint.load_config(args.out)
-    else:
-        cfg = PRESETS[args.preset]
+    try:
+        overrides = load_overrides(args.config) if args.config else {}
+        overrides.update(parse_overrides(args.set or []))
+        if args.resume:
+            cfg = resume_overrides(checkpoint.load_config(args.out), overrides)
+        else:
+            cfg = PRESETS[args.preset].with_overrides(overrides)
+    except ValueError as e:
+        if isinstance(e, checkpoint.CheckpointError):
+            raise
+        raise UserError(str(e)) from None
+    if not args.resume:
         if args.exact_chapter:
             cfg = cfg.replace(exact_chapter=True)
         if args.max_pairs is not None:
@@ -249,7 +200,9 @@ def cmd_train(args):
         summary = train_model(cfg, args.out, seed=args.seed, ctx=ctxs, kvstore=kvstore,
                               fast=not args.imperative, resume=args.resume, data_path=args.data,
                               checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                              preset=args.preset, stop_after=args.stop_after)
+                              preset=args.preset, stop_after=args.stop_after,
+                              valid_every=args.valid_every, patience=args.patience,
+                              average_last=args.average_last)
     except TrainingStopped as e:
         print(f"stopped after epoch {e.epoch} (--stop-after); continue with --resume",
               file=sys.stderr)
@@ -333,6 +286,20 @@ def get_parser():
     t.add_argument("--exact-chapter", action="store_true",
                    help="the book's three bugs (trains on the chapter's imperative loop)")
     t.add_argument("--data", default=None, help="path of fra-eng.zip")
+    t.add_argument("--config", metavar="FILE", default=None,
+                   help="a JSON object of config fields on top of the preset, e.g. "
+                        '{"lr": 0.001, "num_layers": 3} (see docs/usage.md)')
+    t.add_argument("--set", metavar="FIELD=VALUE", action="append", default=None,
+                   help="one config field on top of the preset and --config, e.g. --set "
+                        "warmup_steps=200 --set dropout=0.2 (repeatable)")
+    t.add_argument("--valid-every", type=int, default=None, metavar="N",
+                   help="validate every N epochs: valid loss and greedy BLEU on the first "
+                        "valid_sentences valid pairs, the best kept in OUT/best (default 1 "
+                        "for presets with a valid part; 0: never)")
+    t.add_argument("--patience", type=int, default=None, metavar="K",
+                   help="stop after K validations without a better valid BLEU")
+    t.add_argument("--average-last", type=int, default=None, metavar="N",
+                   help="also write OUT/average: the average of the last N epochs' parameters")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     t.set_defaults(func=cmd_train)
@@ -347,6 +314,9 @@ def get_parser():
                        help="beam size (1: greedy)")
         e.add_argument("--alpha", type=float, default=ALPHA, help="length penalty exponent")
         e.add_argument("--ctx", default="auto")
+        e.add_argument("--no-unk", action="store_true",
+                       help="never emit <unk> (always so for subword models; word models "
+                            "keep the chapter's default: <unk> may appear)")
         e.set_defaults(func=func)
         if name == "translate":
             e.add_argument("sentences", nargs="*", help="sentences (default: one per stdin line)")

@@ -10,8 +10,15 @@ the signature); subword models are cased. See docs/evaluation.md.
 
 import collections
 import math
+import time
 
+import mxnet as mx
 from sacrebleu.metrics import BLEU, CHRF
+
+from .data import WordTokenizer, evaluation_sets
+from .inference.text import translate_texts
+from .inference.translator import ALPHA, BEAM_SIZE
+from .io import checkpoint
 
 # d2l 1.0 (10.7.6) translates these with the trained seq2seq model and prints their BLEU
 BLEU_PAIRS = [("go .", "va !"), ("i lost .", "j'ai perdu ."), ("he's calm .", "il est calme ."),
@@ -159,3 +166,102 @@ def score_files(hyp_path, ref_paths, lowercase=False):
     if empty is not None:
         raise ValueError(f"line {empty + 1} has no reference in any of the reference files")
     return score(hyps, per_line, lowercase)
+
+
+# ---------------------------------------------------------------------------------- a model
+def translate_and_score(model, sources, references, tokenizer, src_vocab, tgt_vocab, cfg, ctx,
+                        beam=1, alpha=ALPHA, *, lowercase=False, no_unk=False):
+    """Translate the texts `sources` and score them against `references` (`score`):
+    ``(result, translations)``; ``result["seconds"]`` is the time taken. The one pipeline of
+    `evaluate_model` and of the validation during training (`training.validation`)."""
+    tic = time.time()
+    hyps = translate_texts(model, sources, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam, alpha,
+                           no_unk=no_unk)
+    result = score([tokenizer.detokenize(h) for h in hyps], references, lowercase)
+    result["seconds"] = round(time.time() - tic, 1)
+    return result, hyps
+
+
+def evaluate_model(model_dir, *, ctx=None, beam=BEAM_SIZE, alpha=ALPHA, data_path=None,
+                   max_sentences=1000, lowercase=False, examples=0, no_unk=False):
+    """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
+    `format_report`): the chapter's four sentences with d2l's `bleu`, then corpus BLEU and chrF
+    (`score`, and `score_all_references`) of the first `max_sentences` pairs of each evaluation
+    set (`data.evaluation_sets`: the preset's valid and test parts, or the chapter's training
+    and held-out pairs), greedy and with a beam of `beam` (greedy only for an exact-chapter
+    model). Returns the report (a JSON-able dict); ``examples``: keep the first N translations
+    of each set. Errors are one line (CheckpointError, DataError, TranslationError)."""
+    ctx = ctx or mx.cpu()
+    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir, ctx)
+    tok = checkpoint.load_tokenizer(model_dir, cfg)
+    lowercase = tok.lowercase or lowercase
+    decoders = [("greedy", 1)] + ([] if cfg.exact_chapter else [(f"beam {beam}", beam)])
+    report = {"model": model_dir, "preset": summary.get("preset"), "tokenizer": tok.kind,
+              "lowercase": lowercase, "chapter_sentences": [], "sets": []}
+    words = WordTokenizer()  # d2l's bleu compares d2l's lower-cased tokens
+
+    def d2l_tokens(text):
+        return " ".join(words.encode(text))
+    for name, k in decoders:
+        outs = translate_texts(model, [e for e, _ in BLEU_PAIRS_TEXT], tok, src_vocab, tgt_vocab,
+                               cfg, ctx, k, alpha, no_unk=no_unk)
+        for (eng, fra), out in zip(BLEU_PAIRS_TEXT, outs):
+            report["chapter_sentences"].append({
+                "source": eng, "reference": fra, "decoder": name, "translation": out,
+                "d2l_bleu": bleu(d2l_tokens(out), d2l_tokens(fra), k=2)})
+    sets, note = evaluation_sets(cfg, src_vocab, tgt_vocab, data_path)
+    if note:
+        report["note"] = note
+    for name, pairs, overlap in sets:
+        src, refs = pairs.source[:max_sentences], pairs.target[:max_sentences]
+        entry = {"name": name, "pairs": len(pairs.source), "scored": len(src),
+                 "sources_seen_in_training": overlap, "decoders": {}}
+        report["sets"].append(entry)
+        for decoder, k in decoders if src else ():
+            result, hyps = translate_and_score(model, src, refs, tok, src_vocab, tgt_vocab, cfg,
+                                               ctx, k, alpha, lowercase=lowercase, no_unk=no_unk)
+            outs = [tok.detokenize(h) for h in hyps]
+            result["all_references"] = score_all_references(outs, src, pairs, lowercase)
+            entry["decoders"][decoder] = result
+        if examples and src:  # the last decoder's (the beam's)
+            entry["examples"] = [{"source": s, "reference": r, "translation": h}
+                                 for s, r, h in list(zip(src, refs, hyps))[:examples]]
+    return report
+
+
+def format_report(report):
+    """The text ``d2l-transformer evaluate --model`` prints for an `evaluate_model` report."""
+    words = WordTokenizer()
+    lines = ["the chapter's sentences, per-sentence BLEU (d2l's bleu, k=2, on d2l's lower-cased "
+             "tokens):"]
+    for c in report["chapter_sentences"]:
+        shown = c["source"] if report["tokenizer"] == "subword" else " ".join(words.encode(c["source"]))
+        lines.append(f"  [{c['decoder']}] {shown} => {c['translation']}, bleu {c['d2l_bleu']:.3f}")
+    if report.get("note"):
+        lines.append(report["note"])
+    lines.append("corpus BLEU and chrF (sacreBLEU, detokenized output against the untokenized "
+                 "references" + (", case-insensitive" if report["lowercase"] else "") + "):")
+    signatures = {}
+    for entry in report["sets"]:
+        overlap = entry["sources_seen_in_training"]
+        seen = "" if overlap is None else f"  [sources seen in training: {overlap}]"
+        if not entry["scored"]:
+            lines.append(f"  {entry['name']}: no pairs{seen}")
+            continue
+        cells, multi_cells = [], []
+        for decoder, result in entry["decoders"].items():
+            signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"],
+                          "all references' BLEU": result["all_references"]["bleu_signature"]}
+            cells.append(f"{decoder}: {format_score(result)} ({result['seconds']:.0f} s)")
+            multi_cells.append(f"{decoder}: {format_score(result['all_references'])}")
+        lines.append(f"  {entry['name']} ({entry['scored']} of {entry['pairs']}): "
+                     + "  ".join(cells) + seen)
+        multi = result["all_references"]
+        lines.append(f"    each of its {multi['sentences']} sources once, against all its "
+                     f"references (1 to {multi['most_references']}): " + "  ".join(multi_cells))
+        for ex in entry.get("examples", []):
+            lines.append(f"    {ex['source']} => {ex['translation']}   "
+                         f"[reference: {ex['reference']}]")
+    for metric, signature in signatures.items():
+        lines.append(f"{metric} signature: {signature}")
+    return "\n".join(lines)

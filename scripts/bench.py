@@ -509,7 +509,7 @@ def full_train_row(s, fast, cache_dir):
 
     import d2l_transformer as d2t
     from d2l_transformer.training.loss import MaskedSoftmaxCELoss
-    from d2l_transformer.training.optim import make_trainer
+    from d2l_transformer.training.optim import config_trainer
     cfg = s["full_cfg"]
     src_size, tgt_size, arrays = _full_slice(s, cache_dir)
     batches = [[mx.np.array(a, dtype="float32") for a in batch] for batch in arrays]
@@ -517,7 +517,7 @@ def full_train_row(s, fast, cache_dir):
     d2t.set_seed(0)  # both paths: the same initial weights
     model = d2t.build_model(cfg, src_size, tgt_size)
     model.initialize(init.Xavier(), ctx=mx.cpu())
-    trainer = make_trainer(model, cfg.lr, cfg.warmup_steps)
+    trainer = config_trainer(model, cfg)
     loss = MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction)
     stamps = []
     summary = d2t.train_s2s_ch8(model, batches, cfg.lr, s["full_epochs"], mx.cpu(),

@@ -199,7 +199,8 @@ def test_cached_uncached_batched_greedy_identical(data):
     model.hybridize(False)  # the references decode imperatively, as the chapter does
     one = [d2t.predict_s2s_ch8(model, s, src_vocab, tgt_vocab, 10, CTX) for s in sentences]
     assert len(set(one)) > 5  # non-trivial outputs
-    translator = d2t.Translator(model, src_vocab, tgt_vocab, CTX, num_steps=10, max_length=10)
+    translator = d2t.Translator(model, src_vocab, tgt_vocab, CTX, num_steps=10, max_length=10,
+                                suppress=False)  # nothing masked, as the chapter's argmax
     tokens = [s.split(" ") for s in sentences]  # as predict_s2s_ch8 splits ("" -> [""])
     batched = [" ".join(h.tokens) for h in translator.translate(tokens)]
     assert batched == one

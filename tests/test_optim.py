@@ -28,23 +28,27 @@ def _backward(net, X, scale):
     loss.backward()
 
 
-@pytest.mark.parametrize("wd", [0.0, 1e-2])
-def test_clip_adam_equals_clipping_then_trainer_step(wd):
+@pytest.mark.parametrize("wd,per_token", [(0.0, False), (1e-2, False), (0.0, True)])
+def test_clip_adam_equals_clipping_then_trainer_step(wd, per_token):
+    """per_token: the clip of the mean loss's gradient (norm 1 per token) is the chapter's
+    clipping of the summed gradient at num_tokens."""
     rng = onp.random.RandomState(0)
     nets = [_net(1), _net(2)]
     for a, b in zip(_params(nets[0]), _params(nets[1])):
         b.set_data(a.data())
     opt = {"learning_rate": 0.05, "wd": wd}
+    if per_token:  # with the paper's Adam settings (config fields beta2, epsilon)
+        opt.update(beta2=0.98, epsilon=1e-9)
     plain = gluon.Trainer(nets[0].collect_params(), "adam", dict(opt))
     fused_trainer = gluon.Trainer(nets[1].collect_params(), "adam", dict(opt))
     assert d2t.ClipAdam.supports(fused_trainer)
-    fused = d2t.ClipAdam(fused_trainer, _params(nets[1]), 1)
+    fused = d2t.ClipAdam(fused_trainer, _params(nets[1]), 1, per_token=per_token)
     for step in range(6):
         X = mx.np.array(rng.normal(size=(4, 5)), dtype="float32")
         scale = 10.0 if step % 2 else 0.01  # clipped, then not clipped
         num_tokens = 7 + step
         _backward(nets[0], X, scale)
-        grad_clipping(nets[0], 1)
+        grad_clipping(nets[0], num_tokens if per_token else 1)
         plain.step(num_tokens)
         _backward(nets[1], X, scale)
         fused(mx.np.array(float(num_tokens)))
@@ -108,3 +112,16 @@ def test_fast_loop_raises_on_a_non_finite_gradient_norm():
         d2t.train_s2s_ch8(model, batches, 0.005, 2, mx.cpu(), fast=True, trainer=trainer,
                           on_epoch=lambda e, loss: epochs.append(e))
     assert epochs == [1]  # raised before the epoch's callback (no checkpoint of it)
+
+
+def test_config_trainer_takes_adams_settings_from_the_config():
+    from d2l_transformer.training.optim import config_trainer
+
+    net = _net(0)
+    cfg = d2t.TINY.replace(lr=0.01, warmup_steps=10, beta1=0.8, beta2=0.98, epsilon=1e-9)
+    opt = config_trainer(net, cfg)._optimizer
+    assert type(opt) is mx.optimizer.Adam
+    assert (opt.beta1, opt.beta2, opt.epsilon) == (0.8, 0.98, 1e-9)
+    assert opt.lr_scheduler(10) == pytest.approx(0.01)  # the warmup's peak
+    chapter = config_trainer(net, d2t.CHAPTER)._optimizer  # MXNet's defaults: the chapter's
+    assert (chapter.beta1, chapter.beta2, chapter.epsilon, chapter.lr) == (0.9, 0.999, 1e-8, 0.005)

@@ -2,6 +2,8 @@
 independent references (tests/decoding_reference.py: the chapter's state, gluonnlp's
 BeamSearchSampler); its attention weights; graphs traced again when a block changes."""
 
+import collections
+
 import decoding_reference as reference
 import mxnet as mx
 import numpy as onp
@@ -40,7 +42,10 @@ def setup():
 
 
 def _translator(model, src_vocab, tgt_vocab, **kwargs):
+    """A translator that masks nothing, as the references (the chapter's argmax, gluonnlp's
+    sampler) do; the masking of special tokens has its own tests."""
     kwargs.setdefault("max_length", CFG.num_steps)
+    kwargs.setdefault("suppress", False)
     return Translator(model, src_vocab, tgt_vocab, CTX, num_steps=CFG.num_steps, **kwargs)
 
 
@@ -75,6 +80,12 @@ def test_beam_one_is_greedy_is_predict_s2s_ch8(setup, which):
     log-probabilities over the GNMT length penalty."""
     models, src_vocab, tgt_vocab, sentences = setup
     model = models[which]
+    for no_unk in (False, True):  # the translator as users get it: special tokens masked
+        masked = _translator(model, src_vocab, tgt_vocab, suppress=True, no_unk=no_unk)
+        greedy = masked.translate(sentences)
+        assert greedy == masked.translate(sentences, beam_size=1)
+        with CTX, kernels.fused(CTX):
+            assert masked._greedy(sentences, 0.6, True) == masked._search(sentences, 1, 0.6, True)
     translator = _translator(model, src_vocab, tgt_vocab)
     greedy = translator.translate(sentences)
     beam1 = translator.translate(sentences, beam_size=1)
@@ -334,3 +345,60 @@ def test_switching_kernels_off_traces_the_step_again(setup, monkeypatch):
     without = translator.translate(sentences[:10])
     assert "d2t_" not in step._cached_graph[1].tojson()
     assert [h.tokens for h in without] == [h.tokens for h in with_kernels]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_special_tokens_never_in_a_translation(setup, beam_size):
+    """An under-trained model (the untrained one, flat outputs, with a little more weight on
+    the special tokens) emits <pad>, <bos> and <unk> when nothing is masked; the translator
+    never does (<unk> with no_unk), in 1,000 outputs."""
+    models, src_vocab, tgt_vocab, sentences = setup
+    model = models["untrained"]
+    sentences = (sentences * 20)[:1000 if beam_size == 1 else 200]  # beam search is slower
+    sentences = [s[:1 + i % len(s)] for i, s in enumerate(sentences)]  # prefixes: 1000 sources
+    special = [tgt_vocab[t] for t in ("<pad>", "<bos>", "<unk>")]
+
+    def emitted(**kwargs):
+        hyps = _translator(model, src_vocab, tgt_vocab, **kwargs).translate(sentences, beam_size)
+        return collections.Counter(t for h in hyps for t in h.tokens)
+    bias = model.decoder.dense.bias
+    saved = bias.data().copy()
+    try:
+        raised = saved.asnumpy()
+        raised[special] += 1.5  # (vocab,): the output layer's bias
+        bias.set_data(np.array(raised, ctx=CTX))
+        free = emitted()  # the premise: unmasked, this model does emit them
+        assert free["<pad>"] + free["<bos>"] > 0 and free["<unk>"] > 0, free.most_common(5)
+        masked = emitted(suppress=True)
+        assert masked["<pad>"] == masked["<bos>"] == 0 and masked["<unk>"] > 0
+        strict = emitted(suppress=True, no_unk=True)
+        assert strict["<pad>"] == strict["<bos>"] == strict["<unk>"] == 0
+        assert sum(strict.values()) > len(sentences)  # still translations, not empty lines
+    finally:
+        bias.set_data(saved)
+    with pytest.raises(ValueError, match="no_unk"):
+        _translator(model, src_vocab, tgt_vocab, no_unk=True)  # suppress=False
+
+
+def test_translate_tokens_masks_unk_for_subword_models_and_on_request(setup):
+    """`translate_tokens` (the CLI's and `evaluate`'s): <unk> kept for a word model (the
+    chapter's default), masked with no_unk, always masked for a subword config."""
+    from d2l_transformer.inference.text import no_unk_for, translate_tokens
+
+    models, src_vocab, tgt_vocab, sentences = setup
+    assert not no_unk_for(CFG) and no_unk_for(CFG, True)
+    assert no_unk_for(CFG.replace(tokenizer="subword", vocab_size=100))
+    model = models["untrained"]
+    bias = model.decoder.dense.bias
+    saved = bias.data().copy()
+    try:
+        raised = saved.asnumpy()
+        raised[tgt_vocab["<unk>"]] += 1.0  # (vocab,): an under-trained model fond of <unk>
+        bias.set_data(np.array(raised, ctx=CTX))
+        words = translate_tokens(model, sentences, src_vocab, tgt_vocab, CFG, CTX)
+        assert any("<unk>" in w.split() for w in words)
+        for cfg, no_unk in ((CFG, True), (CFG.replace(tokenizer="subword", vocab_size=100), False)):
+            outs = translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, CTX, no_unk=no_unk)
+            assert not any(t in ("<unk>", "<pad>", "<bos>") for o in outs for t in o.split())
+    finally:
+        bias.set_data(saved)

@@ -9,17 +9,26 @@ import mxnet as mx
 from ..io import atomic
 
 
+def average_arrays(params, names=None):
+    """{name: mean NDArray} of the dicts ``{name: NDArray}`` in `params` (summed in float64,
+    returned in each parameter's dtype); ``names``: how to name each dict in an error."""
+    params = list(params)
+    if not params:
+        raise ValueError("no checkpoints to average")
+    names = names or [f"checkpoint {i}" for i in range(len(params))]
+    keys = set(params[0])
+    for name, p in zip(names, params):
+        if set(p) != keys:
+            raise ValueError(f"{name} has different parameters from {names[0]}")
+    return {k: (sum(p[k].astype("float64") for p in params) / len(params)).astype(params[0][k].dtype)
+            for k in sorted(keys)}
+
+
 def average_params(paths):
     """{name: mean NDArray} over the ``mx.nd.load``-ed parameter files in `paths`."""
     if not paths:
         raise ValueError("no checkpoints to average")
-    loaded = [mx.nd.load(p) for p in paths]
-    names = set(loaded[0])
-    for path, params in zip(paths, loaded):
-        if set(params) != names:
-            raise ValueError(f"{path} has different parameters from {paths[0]}")
-    return {k: (sum(p[k].astype("float64") for p in loaded) / len(paths)).astype(loaded[0][k].dtype)
-            for k in sorted(names)}
+    return average_arrays([mx.nd.load(p) for p in paths], list(paths))
 
 
 def average_checkpoints(paths, out_path, last=None):

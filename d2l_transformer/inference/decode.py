@@ -12,12 +12,13 @@ def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
     The sentence is lower-cased and split on spaces. A model built with ``exact_chapter=True``
     runs the chapter's own loop through the decoder's state, exactly as the book does (the
     source is cut or padded to `num_steps`). The corrected model is decoded by the `Translator`
-    (the same greedy tokens, from one key/value-cache step graph; the source is never cut).
+    (the same greedy tokens, from one key/value-cache step graph; the source is never cut),
+    with nothing masked: like the chapter's argmax, it may emit any token of the vocabulary.
     """
     tokens = src_sentence.lower().split(" ")
     if not getattr(model.decoder, "exact_chapter", True):  # the book's own classes: its loop
         hyp, = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=num_steps,
-                          max_length=num_steps).translate([tokens])
+                          max_length=num_steps, suppress=False).translate([tokens])
         return " ".join(hyp.tokens)
     src_tokens = src_vocab[tokens]
     enc_valid_length = np.array([len(src_tokens)], ctx=ctx)

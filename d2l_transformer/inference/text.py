@@ -11,24 +11,38 @@ class TranslationError(ValueError):
     """A request the model cannot serve (e.g. beam search on an exact-chapter model): one line."""
 
 
-def translate_texts(model, texts, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
+def no_unk_for(cfg, no_unk=False):
+    """Whether translations of a model trained with `cfg` must not contain ``<unk>``: always for
+    subword models (a sentencepiece model covers its text, ``<unk>`` only tells that it is
+    under-trained), on request (``no_unk``, ``--no-unk``) for word models, whose default is the
+    chapter's (the book prints ``Wow ! => <unk> !``)."""
+    return bool(no_unk) or cfg.tokenizer == "subword"
+
+
+def translate_texts(model, texts, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA,
+                    *, no_unk=False):
     """Translations (text) of sentences (text): `translate_tokens` between the tokenizer's
     ``encode`` and ``decode``."""
     outs = translate_tokens(model, [tokenizer.encode(t) for t in texts], src_vocab, tgt_vocab,
-                            cfg, ctx, beam, alpha)
+                            cfg, ctx, beam, alpha, no_unk=no_unk)
     return [tokenizer.decode(out.split()) for out in outs]
 
 
-def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA):
+def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA, *,
+                     no_unk=False):
     """Translations (strings) of token lists by the `Translator`, `BATCH` sentences at a time;
-    beam 1 is greedy decoding. A model trained with --exact-chapter is decoded by the chapter's
-    own `predict_s2s_ch8`, one sentence at a time (greedy only)."""
+    beam 1 is greedy decoding; never ``<pad>`` or ``<bos>``, nor ``<unk>`` where `no_unk_for`
+    says so. A model trained with --exact-chapter is decoded by the chapter's own
+    `predict_s2s_ch8`, one sentence at a time (greedy only, nothing masked)."""
     if cfg.exact_chapter:
         if beam > 1:
             raise TranslationError("beam search needs the corrected model; this one was trained with "
                             "--exact-chapter (use --beam 1)")
+        if no_unk:
+            raise TranslationError("--no-unk needs the corrected model; this one was trained with "
+                                   "--exact-chapter")
         return [predict_s2s_ch8(model, " ".join(s), src_vocab, tgt_vocab, cfg.num_steps, ctx)
                 for s in sentences]
     translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
-                            batch_size=BATCH)
+                            batch_size=BATCH, no_unk=no_unk_for(cfg, no_unk))
     return [" ".join(hyp.tokens) for hyp in translator.translate(sentences, beam, alpha)]

@@ -20,6 +20,13 @@ equals this search with one beam token for token and score for score (tested). A
 emits at most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``); a
 batch stops when all its beams have finished.
 
+**Special tokens** never appear in a translation: ``<pad>`` and ``<bos>`` (and ``<unk>`` with
+``no_unk=True``, as CTranslate2's ``disable_unk``) get a score of -1e18 added to their
+log-probability before the search picks its tokens, in greedy and beam search alike (one (1, V)
+bias row; the picked tokens' log-probabilities are unchanged, so beam 1 still equals greedy).
+An under-trained model emits them otherwise. ``suppress=False`` masks nothing: the chapter's
+argmax over the whole vocabulary (`predict_s2s_ch8`).
+
 Beam search reads the step's log-probabilities once per step, and NumPy picks each row's best
 tokens (on a CPU this is a memory copy; MXNet's CPU ``topk`` reduces each row in one thread and
 took ~5x longer than the copy and NumPy's ``argmax`` together); the bookkeeping of the beams is
@@ -107,17 +114,18 @@ class _BeamStep(nn.HybridBlock):
 
 class _GreedyStep(nn.HybridBlock):
     """`DecoderStep` that also picks each row's best next token on the device:
-    ``(tokens (B, 1), position, enc_valid_length, *caches) -> (next (B, 1), log_prob (B,),
-    *self_caches)``; `next` is the step's argmax and feeds the next step directly, so the host
+    ``(tokens (B, 1), position, enc_valid_length, bias (1, V), *caches) -> (next (B, 1),
+    log_prob (B,), *self_caches)``; `next` is the argmax of the step's log-probabilities plus
+    `bias` (-1e18 on the tokens never to emit) and feeds the next step directly, so the host
     reads two small arrays after the device has already moved on (`Translator._greedy`)."""
 
     def __init__(self, decoder, **kwargs):
         super().__init__(**kwargs)
         self.step = DecoderStep(decoder)
 
-    def hybrid_forward(self, F, tokens, position, enc_valid_length, *caches):
+    def hybrid_forward(self, F, tokens, position, enc_valid_length, bias, *caches):
         log_probs, *new_caches = self.step(tokens, position, enc_valid_length, *caches)
-        best = F.np.argmax(log_probs, axis=1)  # (B,)
+        best = F.np.argmax(log_probs + bias, axis=1)  # (B, V) + (1, V) -> (B,)
         return (F.np.expand_dims(best.astype("float32"), 1),  # (B, 1): the next step's tokens
                 F.npx.pick(log_probs, best, axis=1), *new_caches)  # its log-probability: (B,)
 
@@ -191,9 +199,12 @@ class Translator:
     """Batched greedy and beam-search translation of token lists, and attention weights.
 
     ``Translator(model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
-    batch_size=64)``: `num_steps` is the narrowest source encoding (the chapter pads to it);
+    batch_size=64, no_unk=False, suppress=True)``: `num_steps` is the narrowest source encoding
+    (the chapter pads to it);
     `max_length` the most tokens a translation may have (None: max(num_steps, source length
-    + 10) per sentence); `batch_size` sentences are decoded together. The graphs (source side,
+    + 10) per sentence); `batch_size` sentences are decoded together; ``<pad>`` and ``<bos>``
+    are never emitted, nor ``<unk>`` with `no_unk` (`suppress=False`: nothing is masked, the
+    chapter's argmax). The graphs (source side,
     decoding step, attention pass) are built once per model and device type and hybridized
     alone (the model's own blocks are left as they are); on a CPU they are traced with the
     fused kernels (`kernels.fused`). Corrected model only: a model built with
@@ -202,7 +213,7 @@ class Translator:
     """
 
     def __init__(self, model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
-                 batch_size=64):
+                 batch_size=64, no_unk=False, suppress=True):
         if getattr(model.decoder, "exact_chapter", False):
             raise ValueError("the translator needs the corrected model; a model built with "
                              "exact_chapter=True decodes with predict_s2s_ch8 (the chapter's loop)")
@@ -216,6 +227,13 @@ class Translator:
             raise ValueError(f"max_length {max_length} is longer than the model's "
                              f"{self.max_target} positions")
         self.pad, self.bos, self.eos = src_vocab["<pad>"], tgt_vocab["<bos>"], tgt_vocab["<eos>"]
+        if no_unk and not suppress:
+            raise ValueError("no_unk masks <unk>: it needs suppress=True")
+        special = ("<pad>", "<bos>") + (("<unk>",) if no_unk else ()) if suppress else ()
+        self.banned = sorted({tgt_vocab[t] for t in special})  # target ids never emitted
+        bias = onp.zeros((1, model.decoder.dense._units), "float32")  # (1, V)
+        bias[0, self.banned] = NEG
+        self._bias_host, self._bias = bias, np.array(bias, ctx=ctx)
 
     # ------------------------------------------------------------------------------ the source
     def encode_source(self, sentences):
@@ -324,7 +342,8 @@ class Translator:
                 run = _graphs.bound(step)
             caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
             prev_lp, lp = self._penalties(t, alpha)
-            scores, word, parent = _beam_update(log_probs.asnumpy(), scores, alive, k, prev_lp, lp)
+            scores, word, parent = _beam_update(log_probs.asnumpy() + self._bias_host, scores, alive,
+                                                k, prev_lp, lp)  # (B*k, V): the banned at -1e18
             alive = onp.take_along_axis(alive, parent, axis=1) & (word != self.eos) \
                 & (limits[:, None] > t)  # finished, or at the sentence's length limit
             words.append(word)
@@ -354,7 +373,8 @@ class Translator:
         words, run, done = [], functools.partial(_run, step), None
         for t in range(1, steps + 2):
             if t <= steps:  # step t starts on the device ...
-                tokens, best, *self_kv = run(tokens, positions[t - 1], valid_length, *caches)
+                tokens, best, *self_kv = run(tokens, positions[t - 1], valid_length, self._bias,
+                                             *caches)
                 if t == 1:
                     run = _graphs.bound(step)
                 caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]

@@ -11,6 +11,8 @@ A model directory holds::
     spm_src.model      subword presets: the sentencepiece models (`data.tokenize`)
     spm_tgt.model
     manifest.json      size and SHA-256 of every file above
+    best/, average/    optional: model directories of their own (training with validation
+                       and averaging), carried into each new save of the directory (``keep``)
 
 Saving is atomic and durable (`atomic.write_dir`): every file is fsynced into a new versioned
 sibling directory, and the model path, a symbolic link, is switched to it with one rename, so
@@ -22,6 +24,7 @@ build; any mismatch is one line.
 
 import json
 import os
+import shutil
 
 import mxnet as mx
 from mxnet import init, np
@@ -56,9 +59,37 @@ def _write_text(path, text):
     atomic.write_text(path, text)
 
 
-def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None, tokenizer=None):
+def _carry(old_dir, new_dir, name):
+    """Put the model directory `name` inside `old_dir` (a link to its versioned sibling, as
+    `atomic.write_dir` makes it, or a plain directory) into `new_dir` the same way, its files
+    hard-linked (copied where links are not possible)."""
+    src = os.path.join(old_dir, name)
+    if not os.path.isdir(src):
+        return
+    target = os.readlink(src) if os.path.islink(src) else name  # ".best.v-..." or "best"
+    if os.path.isabs(target) or os.sep in target:
+        return  # a link the package did not make: not ours to copy
+    shutil.copytree(os.path.join(old_dir, target), os.path.join(new_dir, target),
+                    copy_function=_link_or_copy)
+    if target != name:
+        os.symlink(target, os.path.join(new_dir, name))
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None, tokenizer=None,
+         *, keep=()):
     """Write the model directory `directory` atomically (replacing an existing one).
-    ``tokenizer``: its files (the sentencepiece models of a subword tokenizer) are kept too."""
+    ``tokenizer``: its files (the sentencepiece models of a subword tokenizer) are kept too.
+    ``keep``: names of model directories inside the existing `directory` (``best``,
+    ``average``) that the new version keeps (outside the manifest: each has its own)."""
+    old = atomic.resolve_dir(directory) if keep else None
+
     def fill(tmp_dir):
         _write(os.path.join(tmp_dir, PARAMS), model.save_parameters)
         for name, data in (tokenizer.files() if tokenizer is not None else {}).items():
@@ -74,6 +105,9 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
                            "sha256": _sha256(os.path.join(tmp_dir, name))}
                     for name in sorted(os.listdir(tmp_dir))}
         _write_text(os.path.join(tmp_dir, MANIFEST), json.dumps(manifest, indent=2))
+        if old is not None and os.path.isdir(old):
+            for name in keep:
+                _carry(old, tmp_dir, name)
     return atomic.write_dir(directory, fill)
 
 

@@ -4,5 +4,5 @@ the chapter's translations), imported on its own as the command line and the scr
 
 from .loop import book_line, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
-from .optim import ClipAdam, WarmupInverseSqrt, grad_clipping, make_trainer
+from .optim import ClipAdam, WarmupInverseSqrt, config_trainer, grad_clipping, make_trainer
 from .steps import TrainGraph

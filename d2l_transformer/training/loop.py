@@ -40,7 +40,7 @@ def set_rng_state(state):
 
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
                   loss=None, start_epoch=1, epoch_seed=None, reseed_from=1, on_batch=None,
-                  report_every=50, fast=False, kvstore=None):
+                  report_every=50, fast=False, kvstore=None, clip_per_token=False):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -50,7 +50,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     10 epochs. With a ``reduction="token"`` loss, ``loss`` is that cross-entropy too (the
     book's units average over the padded width, which only the chapter's fixed width makes a
     fixed scale); with label smoothing both stay the plain cross-entropy.
-    ``on_epoch(epoch, loss)`` is called after every epoch.
+    ``on_epoch(epoch, loss)`` is called after every epoch; if it returns True, the training
+    ends after that epoch (early stopping; not in the chapter).
 
     Options beyond the chapter (keyword-only; the defaults are the chapter's run): ``trainer``
     given means the model is already initialised (or loaded) and is trained as it is, with this
@@ -76,6 +77,10 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     (the graph call raises in exact mode). The loop below is
     shared: only the step function (chosen once, `_fast_step`) differs.
 
+    ``clip_per_token=True`` (not in the chapter) clips the gradient of the MEAN loss per target
+    token to norm 1, as fairseq's and PyTorch's recipes do, instead of the chapter's gradient of
+    the SUMMED loss (which, divided by the token count afterwards, is clipped at every step).
+
     Scale-out: ``ctx`` may be a list of devices; each batch is split across them and
     `_parallel_step` sums the gradients through the trainer's kvstore. ``kvstore`` is a dist
     kvstore (`distributed.create_kvstore`) when several processes train together: each feeds
@@ -90,17 +95,18 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = len(ctxs) > 1 or is_distributed(kvstore)
     if parallel:
-        step = _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1))
+        step = _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
+                              clip_per_token)
     elif fast:
-        step = _fast_step(model, trainer, loss)
+        step = _fast_step(model, trainer, loss, clip_per_token)
     else:
         def step(X, X_vlen, Y_input, Y_label, Y_vlen):
             with autograd.record():
                 Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
                 l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
             l.backward()
-            grad_clipping(model, 1)
             num_tokens = Y_vlen.sum()
+            grad_clipping(model, float(num_tokens) if clip_per_token else 1)
             trainer.step(num_tokens)
             return float(l.sum()), float(num_tokens)
     history = []
@@ -116,7 +122,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             # a single device gets the batch here; `_parallel_step` splits it across devices
             X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
-            if not done and epoch == start_epoch:  # OpenMP threads for this size (`_threads`)
+            if not done:  # OpenMP threads for this size (`_threads`), again after a validation
                 dec = model.decoder
                 kernels.use_threads(X.shape[0] // len(ctxs) * Y_label.shape[1]
                                     * dec.embedding_size * dec.dense._units)
@@ -143,8 +149,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             on_batch(epoch, done, (loss_sum, num_tokens_sum))
         if epoch % 10 == 0:
             history.append((epoch, epoch_loss))
-        if on_epoch is not None:
-            on_epoch(epoch, epoch_loss)
+        if on_epoch is not None and on_epoch(epoch, epoch_loss) is True:
+            break  # the caller stops here (early stopping)
     return {
         "loss": epoch_loss,
         "loss_per_token": ce_sum / num_tokens_sum if num_tokens_sum else float("nan"),

@@ -46,13 +46,13 @@ class ClipAdam:
 
     MAX_FUSED = 50  # multi_adamw_update's limit in MXNet 1.9 (more arrays crash)
 
-    def __init__(self, trainer, params, theta, ctxs=None):
+    def __init__(self, trainer, params, theta, ctxs=None, *, per_token=False):
         opt = trainer._optimizer
         if not trainer._kv_initialized:
             trainer._init_kvstore()
         if trainer._params_to_init:
             trainer._init_params()
-        self.trainer, self.opt, self.theta = trainer, opt, theta
+        self.trainer, self.opt, self.theta, self.per_token = trainer, opt, theta, per_token
         self.indices = [trainer._param2idx[p.name] for p in params]
         self.devices = []  # per device: (device_id, weights, grads, means, vars)
         for ctx, updater in zip(ctxs or [params[0].list_ctx()[0]], trainer._updaters):
@@ -80,17 +80,19 @@ class ClipAdam:
 
     def rescale(self, num_tokens, grads=None):
         """(1,): min(1, theta / global norm) / num_tokens, computed on the gradients' device;
-        NaN when the global norm is not finite (the update is then skipped)."""
+        NaN when the global norm is not finite (the update is then skipped). ``per_token``:
+        min(1, theta / (global norm / num_tokens)) / num_tokens, the clip of the mean's
+        gradient."""
         grads = grads or self.devices[0][2]
         sum_sq = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))  # (num_params,)
         norm = mx.nd.sqrt(mx.nd.sum(sum_sq))  # (1,)
-        coef = mx.nd.minimum(self.theta / norm, 1.0)  # theta / norm only if norm > theta
+        if not isinstance(num_tokens, (int, float)):
+            num_tokens = num_tokens.as_nd_ndarray().astype("float32").reshape((1,))
+        limit = self.theta * num_tokens if self.per_token else self.theta
+        coef = mx.nd.minimum(limit / norm, 1.0)  # limit / norm only if norm > limit
         if self.trainer._scale != 1:  # the Trainer's own rescale_grad, as trainer.step uses it
             coef = coef * self.trainer._scale
-        if isinstance(num_tokens, (int, float)):
-            rescale = coef / num_tokens
-        else:
-            rescale = coef / num_tokens.as_nd_ndarray().astype("float32")
+        rescale = coef / num_tokens
         return rescale + 0 * norm  # + 0 when the norm is finite, NaN when it is not
 
     def health(self):
@@ -145,15 +147,24 @@ class WarmupInverseSqrt(mx.lr_scheduler.LRScheduler):
         return self.base_lr * min(step / self.warmup_steps, math.sqrt(self.warmup_steps / step))
 
 
-def make_trainer(model, lr, warmup_steps=0, kvstore=None):
+def make_trainer(model, lr, warmup_steps=0, kvstore=None, *, beta1=0.9, beta2=0.999,
+                 epsilon=1e-8):
     """The chapter's Adam trainer; with ``warmup_steps > 0`` on the paper's schedule.
 
-    ``kvstore``: ``None``/``"device"`` (gradients of several devices summed in this
-    process) or a dist kvstore from `distributed.create_kvstore`. Updates never run on the
-    kvstore (``update_on_kvstore=False``): see `distributed`.
+    ``beta1``, ``beta2``, ``epsilon``: Adam's (keyword-only; the defaults are MXNet's, the
+    chapter's; the paper's 5.3 uses 0.9, 0.98 and 1e-9). ``kvstore``: ``None``/``"device"``
+    (gradients of several devices summed in this process) or a dist kvstore from
+    `distributed.create_kvstore`. Updates never run on the kvstore
+    (``update_on_kvstore=False``): see `distributed`.
     """
-    params = {"learning_rate": lr}
+    params = {"learning_rate": lr, "beta1": beta1, "beta2": beta2, "epsilon": epsilon}
     if warmup_steps:
         params["lr_scheduler"] = WarmupInverseSqrt(lr, warmup_steps)
     return gluon.Trainer(model.collect_params(), "adam", params, kvstore=kvstore or "device",
                          update_on_kvstore=False)
+
+
+def config_trainer(model, cfg, kvstore=None):
+    """`make_trainer` with the learning rate, warmup and Adam settings of config `cfg`."""
+    return make_trainer(model, cfg.lr, cfg.warmup_steps, kvstore, beta1=cfg.beta1,
+                        beta2=cfg.beta2, epsilon=cfg.epsilon)

@@ -1,6 +1,7 @@
 """A whole training run (9.3.7), as ``d2l-transformer train`` and scripts/train_chapter.py run it:
 data, model, the loop, checkpoints, resuming, the four translations the chapter prints."""
 
+import os
 import sys
 import time
 
@@ -8,7 +9,7 @@ from mxnet import init
 from tqdm import tqdm
 
 from ..book import SENTENCES
-from ..data import WordTokenizer, detokenize_words, load_data_nmt, load_data_split
+from ..data import WordTokenizer, detokenize_words, load_data_nmt, load_data_split, split_corpus
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..inference.decode import predict_s2s_ch8
 from ..inference.translator import Translator
@@ -16,8 +17,10 @@ from ..io import checkpoint
 from ..model import build_model
 from .loop import rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
-from .optim import make_trainer
+from .optim import config_trainer
+from .validation import EarlyStopping, LastParameters, Validator, format_validation
 
+SUBMODELS = ("best", "average")  # model directories inside a run's model directory
 SEED_STRIDE = 100000  # epoch e of a run with seed s draws from seed s * SEED_STRIDE + e
 
 
@@ -46,7 +49,7 @@ class ProgressBar:
         self.num_epochs, self.num_batches, self.start_epoch = num_epochs, num_batches, start_epoch
         self.bar = tqdm(total=num_epochs * num_batches, initial=(start_epoch - 1) * num_batches,
                         unit="batch", file=file, mininterval=0.1 if tty else 30, dynamic_ncols=tty)
-        self.epoch, self.tic = None, time.time()
+        self.epoch, self.tic, self.file = None, time.time(), file
 
     def __call__(self, epoch, done, sums):
         if epoch != self.epoch:
@@ -58,6 +61,10 @@ class ProgressBar:
             speed = num_tokens / max(time.time() - self.tic, 1e-9)
             self.bar.set_postfix_str(f"loss {loss_sum / max(num_tokens, 1):.4f}, "
                                      f"{speed:.0f} tokens/s", refresh=False)
+
+    def write(self, line):
+        """A line above the bar (validation results)."""
+        self.bar.write(line, file=self.file)
 
     def close(self):
         self.bar.close()
@@ -84,7 +91,8 @@ def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
     chapter's behaviour): ``{sentence: translation}``. A subword model gets them as text
     (``Go.``) through its tokenizer, greedy, and answers in text."""
     if tokenizer is not None and tokenizer.kind != "word":
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps)
+        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
+                                no_unk=True)
         hyps = translator.translate([tokenizer.encode(detokenize_words(s)) for s in SENTENCES])
         return {s: tokenizer.decode(h.tokens) for s, h in zip(SENTENCES, hyps)}
     return {s: predict_s2s_ch8(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx)
@@ -93,7 +101,7 @@ def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
 
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
                 data_path=None, checkpoint_every=1, progress=True, preset=None, stop_after=None,
-                log=None):
+                log=None, valid_every=None, patience=None, average_last=None):
     """Train `cfg` from seed `seed` and return its summary (what summary.json holds).
 
     The one way a chapter run trains: seed everything with `seed`, load the data, build the
@@ -118,6 +126,15 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     ``log``: where the one-line status messages go (stderr). ``stop_after`` (tests of resume):
     raise `TrainingStopped` after that epoch's checkpoint, as if the run had been killed.
 
+    Validation (`validation.Validator`, for a config with a valid part): every ``valid_every``
+    epochs (None: 1 when ``cfg.num_valid``, else never; 0: never) the valid loss and greedy
+    BLEU of the first ``cfg.valid_sentences`` valid pairs, logged and kept in the summary's
+    ``validation`` list; the best by BLEU is saved as the model directory ``OUT/best``
+    (`checkpoint.save`); ``patience``: stop after that many validations without a better
+    BLEU. ``average_last`` = N: at the end, ``OUT/average`` holds the average of the last N
+    epochs' parameters (validated too, when validation is on). A warning when the warmup is
+    longer than the whole run (the learning rate would never reach ``cfg.lr``).
+
     Raises RunError or CheckpointError (one line) for a run that cannot start as asked.
     """
     log = log or sys.stderr
@@ -139,6 +156,19 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         cfg, batch_size, data_path, rank=rank, num_workers=num_workers, fast=fast,
         tokenizer=tokenizer)
     writer = rank == 0 and out_dir is not None  # only rank 0 writes the model directory
+    updates = len(train_iter) * cfg.num_epochs
+    if cfg.warmup_steps > updates:
+        print(f"warning: warmup_steps {cfg.warmup_steps} is longer than the whole run "
+              f"({len(train_iter)} batches x {cfg.num_epochs} epochs = {updates} updates): the "
+              f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
+              f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=log)
+    if valid_every is None:
+        valid_every = 1 if cfg.num_valid else 0
+    if valid_every and not cfg.num_valid:
+        raise RunError("--valid-every needs a valid part: this config has num_valid 0 (give "
+                       "e.g. --set num_valid=2000)")
+    if patience is not None and not valid_every:
+        raise RunError("--patience needs validation (--valid-every N, and a valid part)")
     if resume:
         model, saved_src, saved_tgt, _, summary = checkpoint.load(out_dir, ctxs)
         if saved_src.idx_to_token != src_vocab.idx_to_token or \
@@ -148,7 +178,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         if summary.get("seed") != seed:
             raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
                                              f"{summary.get('seed')}, not {seed}")
-        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps, kvstore)
+        trainer = config_trainer(model, cfg, kvstore)
         checkpoint.load_trainer_states(out_dir, trainer)
         start_epoch = summary["epochs_done"] + 1
         if start_epoch > cfg.num_epochs:
@@ -158,11 +188,18 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     else:
         model = build_model(cfg, len(src_vocab), len(tgt_vocab))
         model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
-        trainer = make_trainer(model, cfg.lr, cfg.warmup_steps, kvstore)
+        trainer = config_trainer(model, cfg, kvstore)
         summary = {"seed": seed, "preset": preset, "exact_chapter": cfg.exact_chapter,
                    "epoch_history": [], "train_seconds": 0.0, "epochs_done": 0}
         start_epoch = 1
     summary["fast"] = fast
+    validator = Validator(model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
+                                              data_path, cfg.split_by).valid,
+                          tokenizer, src_vocab, tgt_vocab, cfg, ctxs[0]) if valid_every else None
+    stopping = EarlyStopping.from_state(patience, summary.get("best"))
+    history = LastParameters(model, average_last) if average_last else None
+    if validator is not None:
+        summary.setdefault("validation", [])
     where = ",".join(map(str, ctxs)) + (f", worker {rank} of {num_workers}" if num_workers > 1 else "")
     print(f"training {cfg.num_epochs} epochs (from epoch {start_epoch}) on {where}, "
           f"{'fast graph' if fast else 'imperative'} path: {len(src_vocab)} source / "
@@ -171,18 +208,50 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     tic = [time.time()]
 
     def save():
-        checkpoint.save(out_dir, model, src_vocab, tgt_vocab, cfg, summary, trainer, tokenizer)
+        checkpoint.save(out_dir, model, src_vocab, tgt_vocab, cfg, summary, trainer, tokenizer,
+                        keep=SUBMODELS)
+
+    def save_sub(name, **extra):  # OUT/best, OUT/average: model directories of their own
+        path = os.path.join(out_dir, name)
+        sub = {k: v for k, v in summary.items() if k not in ("rng_state", "translations")}
+        checkpoint.save(path, model, src_vocab, tgt_vocab, cfg, dict(sub, **extra),
+                        tokenizer=tokenizer)
+        return path
+
+    def say(line):
+        if bar is not None:
+            bar.write(line)
+        else:
+            print(line, file=log)
 
     def on_epoch(epoch, loss):
         summary["epoch_history"].append((epoch, loss))
         summary["train_seconds"] += time.time() - tic[0]
         summary["epochs_done"] = epoch
         summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
-        if writer and (epoch % checkpoint_every == 0 or epoch == cfg.num_epochs):
+        if history is not None:
+            history.add(epoch)
+        improved = False
+        if validator is not None and epoch % valid_every == 0:
+            record = dict(validator(), epoch=epoch, train_seconds=round(summary["train_seconds"], 1))
+            summary["validation"].append(record)
+            improved = stopping.update(epoch, record["valid_bleu"])
+            summary["best"] = stopping.state()
+            say(format_validation(epoch, record, improved))
+        if writer and (epoch % checkpoint_every == 0 or epoch == cfg.num_epochs or improved):
             save()
+        if writer and improved:
+            save_sub("best", best_epoch=epoch)
         tic[0] = time.time()
         if stop_after and epoch >= stop_after:
             raise TrainingStopped(epoch)
+        if stopping.should_stop:
+            summary["stopped_early"] = epoch
+            say(f"stopping after epoch {epoch}: no better valid BLEU in {patience} validations "
+                f"(best {stopping.best_bleu:.2f} at epoch {stopping.best_epoch}, kept in "
+                f"{os.path.join(out_dir, 'best') if out_dir else 'no model directory'})")
+            return True  # `train_s2s_ch8` ends the training here
+        return False
 
     if resume and "rng_state" in summary:
         set_rng_state(summary["rng_state"])
@@ -193,12 +262,25 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             loss=MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction),
             start_epoch=start_epoch, epoch_seed=seed * SEED_STRIDE,
             reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
-            fast=fast, kvstore=kvstore, on_batch=bar)
+            fast=fast, kvstore=kvstore, on_batch=bar, clip_per_token=cfg.clip_per_token)
     finally:
         if bar is not None:
             bar.close()
     summary.update({k: result[k] for k in ("loss", "loss_per_token", "perplexity", "tokens_per_sec",
                                            "ctx")})
+    if history is not None:
+        if len(history.epochs) < average_last:
+            print(f"warning: averaging the last {len(history.epochs)} epochs, not "
+                  f"{average_last} (this run trained only those)", file=log)
+        with history.swapped_in(history.average()):
+            average = {"averaged_epochs": history.epochs}
+            if validator is not None:
+                average.update(validator())
+                print(format_validation(f"average of epochs {history.epochs[0]}-"
+                                        f"{history.epochs[-1]}", average, False), file=log)
+            summary["average"] = average
+            if writer:
+                save_sub("average", **{"average": average})
     summary["epochs"] = cfg.num_epochs
     summary["history"] = [(e, loss) for e, loss in summary["epoch_history"] if e % 10 == 0]
     if num_workers > 1:

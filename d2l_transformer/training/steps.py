@@ -41,7 +41,7 @@ class TrainGraph(gluon.HybridBlock):
                 and (loss.label_smoothing > 0 or loss.reduction == "token"))
 
 
-def _fast_step(model, trainer, loss):
+def _fast_step(model, trainer, loss, clip_per_token=False):
     """The fast path's train step: one hybridized graph, `ClipAdam` (or one-pass
     clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
     device. Same signature and meaning as the faithful step in `train_s2s_ch8`. The graph is
@@ -59,11 +59,12 @@ def _fast_step(model, trainer, loss):
         l.backward()
         num_tokens = Y_vlen.sum()
         if not update:
-            update.append(ClipAdam(trainer, params, 1) if ClipAdam.supports(trainer) else None)
+            update.append(ClipAdam(trainer, params, 1, per_token=clip_per_token)
+                          if ClipAdam.supports(trainer) else None)
         if update[0] is not None:
             update[0](num_tokens)
         else:
-            _clip_global(params, 1)
+            _clip_global(params, float(num_tokens) if clip_per_token else 1)  # a sync if so
             trainer.step(num_tokens)
         return l.sum(), num_tokens  # stay on the device
 
@@ -71,7 +72,7 @@ def _fast_step(model, trainer, loss):
     return step
 
 
-def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
+def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_token=False):
     """Data parallelism: the same step as on one device, on several at once.
 
     The batch is split across ``ctxs`` (`gluon.utils.split_and_load`); every device runs the
@@ -108,15 +109,16 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens):
         trainer.allreduce_grads()  # every device now holds the sum over devices and workers
         num_tokens = float(Y_vlen.sum())
         if not update:  # fused clip + Adam on every device (`ClipAdam`) when it applies
-            update.append(ClipAdam(trainer, params, 1, ctxs) if fast and ClipAdam.supports(trainer)
-                          else None)
+            update.append(ClipAdam(trainer, params, 1, ctxs, per_token=clip_per_token)
+                          if fast and ClipAdam.supports(trainer) else None)
+        total = global_tokens(num_tokens)[0]
         if update[0] is not None:
-            update[0](global_tokens(num_tokens)[0])
+            update[0](total)
         else:
             for c in ctxs:
-                gluon.utils.clip_global_norm([p.grad(c).as_nd_ndarray() for p in params], 1,
-                                             check_isfinite=False)
-            trainer.update(global_tokens(num_tokens)[0])
+                gluon.utils.clip_global_norm([p.grad(c).as_nd_ndarray() for p in params],
+                                             total if clip_per_token else 1, check_isfinite=False)
+            trainer.update(total)
         return sum(float(l.sum()) for l in losses), num_tokens
 
     step.health = lambda: update[0].health() if update and update[0] is not None else None

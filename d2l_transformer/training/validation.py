@@ -1,0 +1,148 @@
+"""Validation during training: the valid loss and a quick greedy BLEU on a fixed subset of the
+valid part after some epochs, the best model kept, early stopping, and the average of the last
+epochs' parameters (Vaswani et al. 2017, 6.1, averaged the last 5 or 20 checkpoints).
+
+The BLEU is `evaluate.translate_and_score`, the pipeline of ``d2l-transformer evaluate``
+(sacreBLEU on detokenized greedy translations against one reference each): the first
+``cfg.valid_sentences`` pairs of the valid part, the same ones every time. It runs between
+epochs, so the fast path keeps its one device read per epoch.
+"""
+
+import collections
+
+import mxnet as mx
+import numpy as onp
+from mxnet import np
+
+from ..contrib.averaging import average_arrays
+from ..data import build_array
+from ..evaluate import translate_and_score
+from .loss import MaskedSoftmaxCELoss
+
+
+class Validator:
+    """``Validator(model, pairs, tokenizer, src_vocab, tgt_vocab, cfg, ctx)()`` ->
+    ``{"valid_loss", "valid_bleu", "valid_chrf", "sentences", "seconds"}`` for the model as it
+    is now. ``pairs``: the valid part (`data.Pairs` of text), of which the first
+    ``cfg.valid_sentences`` are used. ``valid_loss`` is the cross-entropy per target token
+    (no label smoothing, dropout off) of those pairs cut at ``cfg.num_steps`` tokens as the
+    training batches are."""
+
+    def __init__(self, model, pairs, tokenizer, src_vocab, tgt_vocab, cfg, ctx):
+        n = cfg.valid_sentences
+        self.sources, self.references = list(pairs.source[:n]), list(pairs.target[:n])
+        if not self.sources:
+            raise ValueError("no valid pairs to validate on")
+        self.model, self.tokenizer, self.cfg, self.ctx = model, tokenizer, cfg, ctx
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
+        src = [tokenizer.encode(s) for s in self.sources]
+        tgt = [tokenizer.encode_target(t) for t in self.references]
+        X, X_vlen = build_array(src, src_vocab, cfg.num_steps, True)  # (n, num_steps), (n,)
+        Y, Y_vlen = build_array(tgt, tgt_vocab, cfg.num_steps, False)  # <bos> ... <eos>
+        self.arrays = [a.asnumpy() if hasattr(a, "asnumpy") else onp.asarray(a)
+                       for a in (X, X_vlen, Y, Y_vlen)]  # on the host, cut into batches
+        self.loss = MaskedSoftmaxCELoss(reduction="token")  # summed over the real tokens
+
+    def valid_loss(self):
+        """Cross-entropy per target token of the subset, in batches of ``cfg.batch_size``."""
+        total, tokens = 0.0, 0.0
+        size = self.cfg.batch_size
+        for i in range(0, len(self.sources), size):
+            X, X_vlen, Y, Y_vlen = [np.array(a[i:i + size], ctx=self.ctx) for a in self.arrays]
+            Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1  # as the training loop
+            Y_hat, _ = self.model(X, Y_input, X_vlen, Y_vlen)  # (batch, num_steps - 1, vocab)
+            total += float(self.loss(Y_hat, Y_label, Y_vlen).sum())
+            tokens += float(Y_vlen.sum())
+        return total / max(tokens, 1.0)
+
+    def __call__(self):
+        loss = self.valid_loss()
+        result, _ = translate_and_score(self.model, self.sources, self.references, self.tokenizer,
+                                        self.src_vocab, self.tgt_vocab, self.cfg, self.ctx, 1,
+                                        lowercase=self.tokenizer.lowercase)
+        return {"valid_loss": loss, "valid_bleu": result["bleu"], "valid_chrf": result["chrf"],
+                "sentences": result["sentences"], "seconds": result["seconds"]}
+
+
+def format_validation(what, record, best):
+    """``epoch 3: valid loss 2.8571, BLEU 21.40, chrF 45.10 on 500 valid pairs (best so far)``
+    (the training log); `what`: an epoch number or a label."""
+    what = f"epoch {what}" if isinstance(what, int) else what
+    return (f"{what}: valid loss {record['valid_loss']:.4f}, BLEU "
+            f"{record['valid_bleu']:.2f}, chrF {record['valid_chrf']:.2f} on "
+            f"{record['sentences']} valid pairs" + (" (best so far)" if best else ""))
+
+
+class EarlyStopping:
+    """Keeps the best valid BLEU and counts the validations since it last improved:
+    ``update(epoch, bleu)`` -> True when this one is the best so far (strictly better);
+    ``should_stop`` once ``patience`` validations in a row did not improve (never when
+    patience is None). ``state``/``from_state``: the JSON kept in summary.json, for --resume."""
+
+    def __init__(self, patience=None, best_bleu=None, best_epoch=None, stale=0):
+        self.patience, self.best_bleu, self.best_epoch, self.stale = patience, best_bleu, best_epoch, stale
+
+    def update(self, epoch, bleu):
+        if self.best_bleu is None or bleu > self.best_bleu:
+            self.best_bleu, self.best_epoch, self.stale = bleu, epoch, 0
+            return True
+        self.stale += 1
+        return False
+
+    @property
+    def should_stop(self):
+        return self.patience is not None and self.stale >= self.patience
+
+    def state(self):
+        return {"best_bleu": self.best_bleu, "best_epoch": self.best_epoch,
+                "validations_without_improvement": self.stale}
+
+    @classmethod
+    def from_state(cls, patience, state):
+        state = state or {}
+        return cls(patience, state.get("best_bleu"), state.get("best_epoch"),
+                   state.get("validations_without_improvement", 0))
+
+
+class LastParameters:
+    """The parameters of the last `n` epochs, copied to the host at each epoch's end (one read
+    per epoch, between epochs), for `average`. A resumed run starts with none: its average
+    covers the epochs trained since it resumed (``epochs``)."""
+
+    def __init__(self, model, n):
+        self.model, self.kept = model, collections.deque(maxlen=n)
+
+    def add(self, epoch):
+        params = self.model._collect_params_with_prefix()  # save_parameters' names
+        self.kept.append((epoch, {k: p.data().as_nd_ndarray().copyto(mx.cpu())
+                                  for k, p in params.items()}))
+
+    @property
+    def epochs(self):
+        return [e for e, _ in self.kept]
+
+    def average(self):
+        """``{name: mean NDArray}`` of the kept epochs (`contrib.averaging.average_arrays`)."""
+        return average_arrays([p for _, p in self.kept])
+
+    def swapped_in(self, arrays):
+        """A context in which the model holds `arrays` (``{name: NDArray}``), its own
+        parameters restored afterwards."""
+        return _Swap(self.model, arrays)
+
+
+class _Swap:
+    def __init__(self, model, arrays):
+        self.params, self.arrays = model._collect_params_with_prefix(), arrays
+
+    def __enter__(self):
+        self.saved = {k: p.data().copy() for k, p in self.params.items()}
+        for k, p in self.params.items():
+            if k in self.arrays:
+                p.set_data(self.arrays[k].as_np_ndarray())
+        return self
+
+    def __exit__(self, *exc):
+        for k, p in self.params.items():
+            p.set_data(self.saved[k])
+        return False
