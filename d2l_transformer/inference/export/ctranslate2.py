@@ -221,10 +221,12 @@ layers, hidden size {hidden}, {heads} heads, {src} source and {tgt} target {unit
 ```
 
 Greedy decoding with these options gives the package's `d2l-transformer translate` token for
-token (float32). Beam search (`beam_size=4`) ranks by `log P / length ** length_penalty`;
-the package's beam ranks by GNMT's `((5 + length) / 6) ** alpha`: they agree at
-`length_penalty=0` / `--alpha 0`. On a GPU: `ctranslate2.Translator(d, device="cuda")`
-(CUDA 12). manifest.json has the sizes, special tokens and checksums of every file.
+token (float32; the package limits each sentence to max({num_steps}, its length + {extra}) tokens,
+this call the whole batch to its longest sentence's limit). Beam search (`beam_size=4`) ranks
+by `log P / length ** length_penalty`, the package by GNMT's `((5 + length) / 6) ** alpha`:
+`length_penalty=0` is the package's `--alpha 0`. On an NVIDIA GPU (CUDA 12):
+`ctranslate2.Translator(d, device="cuda")`. manifest.json lists the sizes, the special tokens'
+ids and the SHA-256 of every file.
 """
 
 _SUBWORD = """import ctranslate2, sentencepiece as spm
@@ -258,4 +260,5 @@ def readme(manifest, directory="."):
         quantization=manifest["quantization"], layers=m["encoder_layers"],
         dec_layers=m["decoder_layers"], hidden=m["hidden_size"], heads=m["num_heads"],
         src=m["source_vocab_size"], tgt=m["target_vocab_size"],
-        unit="sentencepiece pieces" if subword else "words", snippet=snippet)
+        unit="sentencepiece pieces" if subword else "words", snippet=snippet,
+        num_steps=manifest["decoding"]["num_steps"], extra=EXTRA_LENGTH)
