@@ -25,8 +25,8 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
 (i) CTranslate2: the model of (f) (random weights, the `full` preset's vocabularies) exported
     with `export --format ctranslate2` in float32 and int8, translating the distinct sources of
     the test split, batches of 64, at most `translate_length` tokens, greedy and beam 4
-    (α = 0 / length_penalty 0, the scoring both searches share), 2 threads each (the
-    translator's OpenMP threads capped at 2, CTranslate2's ``intra_threads=2``); the three
+    (α = 0 / length_penalty 0, the scoring both searches share), ``--threads`` each (default
+    2: the translator's OpenMP threads capped at 2, CTranslate2's ``intra_threads=2``); the three
     engines alternate batch by batch in one process, ``--repeats`` rounds over all the
     sentences (default 3), a row's value is its median over the rounds, start-up (loading,
     each engine's first batch) excluded;
@@ -115,8 +115,9 @@ DECODE_TOKENS = 50
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
             "train_full_imperative", "train_full_imperative_mxnet", "train_full_fast")
 REPEATS_ENV = "D2L_TRANSFORMER_BENCH_REPEATS"  # --repeats, for the (i) rows' process
+THREADS_ENV = "D2L_TRANSFORMER_BENCH_THREADS"  # --threads, likewise
 ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"},  # its process's
-           **{key: {"D2L_TRANSFORMER_MAX_THREADS": "2"} for key, _ in ROWS  # (i): 2 threads
+           **{key: {"D2L_TRANSFORMER_MAX_THREADS": "2"} for key, _ in ROWS  # (i): --threads
               if key.startswith("ct2_")}}
 
 
@@ -314,7 +315,7 @@ def translate_row(s, key, params_path):
     return value, {k: v for k, v in pair.items() if k not in ("old", "new")}
 
 
-def ct2_rounds(s, beam, repeats):
+def ct2_rounds(s, beam, repeats, threads):
     """(i) sentences/s of the translator and of CTranslate2 float32 and int8 on the same model
     and sentences, alternating batch by batch, `repeats` rounds; medians over the rounds."""
     import ctranslate2
@@ -337,12 +338,12 @@ def ct2_rounds(s, beam, repeats):
             export(model_dir, os.path.join(tmp, q), format="ctranslate2",
                    quantization=None if q == "float32" else q)
             engines[q] = ctranslate2.Translator(os.path.join(tmp, q), device="cpu",
-                                                intra_threads=2, inter_threads=1)
+                                                intra_threads=threads, inter_threads=1)
     translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
                             max_length=length, batch_size=batch)
     options = {**decoding_options(cfg, 0), "beam_size": beam, "max_decoding_length": length}
 
-    def ours(part):  # OpenMP threads: the translator's choice, at most 2 (`ROW_ENV`)
+    def ours(part):  # OpenMP threads: the translator's choice, at most `threads` (`ROW_ENV`)
         return [h.tokens for h in translator.translate(part, beam_size=beam, alpha=0.0)]
 
     paths = {"ours": ours}
@@ -367,16 +368,16 @@ def ct2_rounds(s, beam, repeats):
             "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
             "same_as_ours": {q: sum(a == b for a, b in zip(tokens["ours"], tokens[q]))
                              for q in engines},
-            "threads": 2, "peak_rss_mb": _peak_rss_mb()}
+            "threads": threads, "peak_rss_mb": _peak_rss_mb()}
 
 
-def ct2_row(s, key, params_path, repeats):
+def ct2_row(s, key, params_path, repeats, threads):
     """(i) one engine of `ct2_rounds`, measured once for the three (kept beside the params)."""
     beam = 4 if key.endswith("beam4") else 1
     path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()), f"ct2_beam{beam}.json")
     if not os.path.exists(path):
         with open(path, "w") as f:
-            json.dump(ct2_rounds(s, beam, repeats), f)
+            json.dump(ct2_rounds(s, beam, repeats, threads), f)
     with open(path) as f:
         result = json.load(f)
     engine = key.split("_")[1]
@@ -709,7 +710,8 @@ def run_row(key, quick, params_path):
     if key.startswith("translate_"):
         return translate_row(s, key, params_path)
     if key.startswith("ct2_"):
-        return ct2_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)))
+        return ct2_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)),
+                       int(os.environ.get(THREADS_ENV, 2)))
     if key == "serving":
         return serving_row(quick)
     if key.startswith("greedy_"):
@@ -725,6 +727,8 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved rounds of the (a) training rows (default 3; --quick: 1)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="(i): threads of each engine (default 2)")
     p.add_argument("--only", choices=sorted(GROUPS), default=None,
                    help="run only this group of rows (and its ratios)")
     p.add_argument("--serve-model", default=None, metavar="DIR",
@@ -732,9 +736,13 @@ def main(argv=None):
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.threads < 1:
+        p.error("--repeats and --threads must be at least 1")
     os.environ[REPEATS_ENV] = str(args.repeats)  # (i): its rounds, in its row's process
+    os.environ[THREADS_ENV] = str(args.threads)
+    for key in ROW_ENV:  # (i): the translator's OpenMP threads, at most --threads
+        if key.startswith("ct2_"):
+            ROW_ENV[key] = {"D2L_TRANSFORMER_MAX_THREADS": str(args.threads)}
     if args.serve_model:  # the row's process reads it from its environment
         os.environ[SERVE_MODEL_ENV] = os.path.abspath(args.serve_model)
     if args.row:  # child: measure one row, print its JSON
