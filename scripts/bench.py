@@ -738,11 +738,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.repeats < 1 or args.threads < 1:
         p.error("--repeats and --threads must be at least 1")
-    os.environ[REPEATS_ENV] = str(args.repeats)  # (i): its rounds, in its row's process
-    os.environ[THREADS_ENV] = str(args.threads)
-    for key in ROW_ENV:  # (i): the translator's OpenMP threads, at most --threads
-        if key.startswith("ct2_"):
-            ROW_ENV[key] = {"D2L_TRANSFORMER_MAX_THREADS": str(args.threads)}
+    if not args.row:  # (i): the rounds and threads, for the row's process (its environment)
+        os.environ[REPEATS_ENV] = str(args.repeats)
+        os.environ[THREADS_ENV] = str(args.threads)
+        for key in ROW_ENV:  # the translator's OpenMP threads, at most --threads
+            if key.startswith("ct2_"):
+                ROW_ENV[key] = {"D2L_TRANSFORMER_MAX_THREADS": str(args.threads)}
     if args.serve_model:  # the row's process reads it from its environment
         os.environ[SERVE_MODEL_ENV] = os.path.abspath(args.serve_model)
     if args.row:  # child: measure one row, print its JSON
