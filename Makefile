@@ -28,7 +28,7 @@ $(VENV)/.installed: setup.py constraints.txt
 	  "this project needs Python 3.8-3.13 (make PYTHON=python3.X)" >&2; exit 1; }; \
 	"$$py" -c '$(WHICH)' && echo "$$py -m venv $(VENV)" && "$$py" -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel Cython
-	$(PIP) install -c constraints.txt -e '.[cpu,test,notebook,serve]'
+	$(PIP) install -c constraints.txt -e '.[cpu,test,notebook,serve,ctranslate2]'
 	# the d2l library the chapter called, as a test oracle only (no deps: it asks for all of
 	# jupyter; the cpu and test extras bring what it imports)
 	$(PIP) install --no-deps d2l==0.11.4

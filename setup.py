@@ -50,6 +50,8 @@ setup(
         # ipython<9 for the d2l oracle (IPython 9 lost set_matplotlib_formats)
         "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium", "libretranslatepy"],
         "serve": ["fastapi", "uvicorn"],  # d2l-transformer serve
+        # export --format ctranslate2 (its spec API; 4.x: the TransformerSpec the export fills)
+        "ctranslate2": ["ctranslate2>=4,<5; python_version >= '3.9'"],  # no wheel for 3.8
         "notebook": ["notebook", "nbclient", "nbformat", "ipykernel"],
     },
     entry_points={"console_scripts": ["d2l-transformer=d2l_transformer.cli:main"]},

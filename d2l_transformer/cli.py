@@ -22,6 +22,9 @@ from .data import DataError, TokenizerError
 from .distributed.kvstore import KVSTORES, create_kvstore
 from .distributed.launch import LAUNCHERS, LaunchError, launch
 from .evaluate import evaluate_model, format_report, format_score, score_files
+from .inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
+from .inference.export import FORMATS as EXPORT_FORMATS
+from .inference.export.ctranslate2 import QUANTIZATIONS
 from .inference.limits import SentenceError, sentence_tokens
 from .inference.text import TranslationError, no_unk_for, translate_tokens
 from .inference.translator import ALPHA, BEAM_SIZE, Translator
@@ -239,7 +242,8 @@ def cmd_serve(args):
 def cmd_export(args):
     from .inference.export import ExportError, export
     try:
-        manifest = export(args.model, args.out, _device(args.ctx))
+        manifest = export(args.model, args.out, _device(args.ctx), format=args.format,
+                          quantization=args.quantization)
     except ExportError as e:
         raise UserError(str(e)) from None
     print(f"wrote {args.out}: " + ", ".join(sorted(manifest["files"])), file=sys.stderr)
@@ -368,9 +372,16 @@ def get_parser():
     sv.set_defaults(func=cmd_serve)
 
     x = sub.add_parser("export", help="write a model directory in MXNet's deployment format "
-                                      "(encoder and decoding-step graphs, docs/export.md)")
+                                      "(encoder and decoding-step graphs) or as a CTranslate2 "
+                                      "model (docs/export.md)")
     x.add_argument("--model", required=True, help="a model directory written by train")
-    x.add_argument("--out", required=True, help="the export directory to write")
+    x.add_argument("--out", required=True, help="the export directory to write (a previous "
+                                                "export there is replaced)")
+    x.add_argument("--format", choices=EXPORT_FORMATS, default=DEFAULT_EXPORT_FORMAT,
+                   help="mxnet: MXNet graphs (default); ctranslate2: a CTranslate2 model "
+                        "directory (pip install 'd2l-transformer[ctranslate2]')")
+    x.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                   help="--format ctranslate2: CTranslate2's weight type (default float32)")
     x.add_argument("--ctx", default="cpu")
     x.set_defaults(func=cmd_export)
 

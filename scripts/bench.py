@@ -22,6 +22,14 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     2,000 sources of its test split, 30 tokens each, batches of 64, start-up excluded), greedy
     and beam 4: the translator vs the former path (gluonnlp's BeamSearchSampler over the
     chapter's state), the two alternating batch by batch in one process (the same load for both);
+(i) CTranslate2: the model of (f) (random weights, the `full` preset's vocabularies) exported
+    with `export --format ctranslate2` in float32 and int8, translating the distinct sources of
+    the test split, batches of 64, at most `translate_length` tokens, greedy and beam 4
+    (α = 0 / length_penalty 0, the scoring both searches share), ``--threads`` each (default
+    2: the translator's OpenMP threads capped at 2, CTranslate2's ``intra_threads=2``); the three
+    engines alternate batch by batch in one process, ``--repeats`` rounds over all the
+    sentences (default 3), a row's value is its median over the rounds, start-up (loading,
+    each engine's first batch) excluded;
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
@@ -70,6 +78,12 @@ ROWS = [  # key, label
     ("translate_old_beam4", "(f) translate full-size, old beam_search, beam 4 sentences/s"),
     ("translate_beam4", "(f) translate full-size, Translator, beam 4 sentences/s"),
     ("serving", "(g) serve, concurrent clients on loopback requests/s"),
+    ("ct2_ours_greedy", "(i) Translator, greedy sentences/s"),
+    ("ct2_float32_greedy", "(i) CTranslate2 float32, greedy sentences/s"),
+    ("ct2_int8_greedy", "(i) CTranslate2 int8, greedy sentences/s"),
+    ("ct2_ours_beam4", "(i) Translator, beam 4 sentences/s"),
+    ("ct2_float32_beam4", "(i) CTranslate2 float32, beam 4 sentences/s"),
+    ("ct2_int8_beam4", "(i) CTranslate2 int8, beam 4 sentences/s"),
     ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
     ("train_full_imperative_mxnet", "(h) full preset train, imperative, MXNet's threads tok/s"),
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
@@ -86,17 +100,25 @@ RATIOS = [  # label, numerator, denominator
     ("(e) scale ratio 2 dist_sync workers/1 device", "train_dist2", "train_fast"),
     ("(f) translate ratio greedy Translator/old", "translate_greedy", "translate_old_greedy"),
     ("(f) translate ratio beam 4 Translator/old", "translate_beam4", "translate_old_beam4"),
+    ("(i) ratio greedy Translator/CTranslate2 float32", "ct2_ours_greedy", "ct2_float32_greedy"),
+    ("(i) ratio greedy Translator/CTranslate2 int8", "ct2_ours_greedy", "ct2_int8_greedy"),
+    ("(i) ratio beam 4 Translator/CTranslate2 float32", "ct2_ours_beam4", "ct2_float32_beam4"),
+    ("(i) ratio beam 4 Translator/CTranslate2 int8", "ct2_ours_beam4", "ct2_int8_beam4"),
     ("(h) full preset train ratio fast/imperative", "train_full_fast", "train_full_imperative"),
     ("(h) full preset train ratio fast/imperative, MXNet's threads", "train_full_fast",
      "train_full_imperative_mxnet"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
-          "full": "(h)"}  # --only GROUP: the rows whose label starts with this
+          "full": "(h)", "ctranslate2": "(i)"}  # --only GROUP: the rows whose label starts with this
 DECODE_TOKENS = 50
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
             "train_full_imperative", "train_full_imperative_mxnet", "train_full_fast")
-ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"}}  # its process's
+REPEATS_ENV = "D2L_TRANSFORMER_BENCH_REPEATS"  # --repeats, for the (i) rows' process
+THREADS_ENV = "D2L_TRANSFORMER_BENCH_THREADS"  # --threads, likewise
+ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"},  # its process's
+           **{key: {"D2L_TRANSFORMER_MAX_THREADS": "2"} for key, _ in ROWS  # (i): --threads
+              if key.startswith("ct2_")}}
 
 
 def sizes(quick):
@@ -239,6 +261,7 @@ def _translation_setup(s):
     d2t.set_seed(0)
     model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
     model.initialize(init.Xavier(), ctx=mx.cpu())
+    _translation_setup.tokenizer = tokenizer  # (i) saves the model directory with it
     return model, src_vocab, tgt_vocab, cfg, [tokenizer.encode(t) for t in test.source]
 
 
@@ -290,6 +313,75 @@ def translate_row(s, key, params_path):
         pair = json.load(f)
     value = pair["old" if "_old_" in key else "new"]
     return value, {k: v for k, v in pair.items() if k not in ("old", "new")}
+
+
+def ct2_rounds(s, beam, repeats, threads):
+    """(i) sentences/s of the translator and of CTranslate2 float32 and int8 on the same model
+    and sentences, alternating batch by batch, `repeats` rounds; medians over the rounds."""
+    import ctranslate2
+    import mxnet as mx
+
+    from d2l_transformer.inference.export import export
+    from d2l_transformer.inference.export.ctranslate2 import decoding_options
+    from d2l_transformer.inference.translator import Translator
+    from d2l_transformer.io import checkpoint
+    model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
+    sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
+    length, batch = s["translate_length"], 64
+    X = mx.np.ones((1, 2))  # (batch, seq_len): the deferred shapes, before saving
+    model(X, X, mx.np.array([2]))
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = checkpoint.save(os.path.join(tmp, "model"), model, src_vocab, tgt_vocab, cfg,
+                                    tokenizer=_translation_setup.tokenizer)
+        engines = {}
+        for q in ("float32", "int8"):
+            export(model_dir, os.path.join(tmp, q), format="ctranslate2",
+                   quantization=None if q == "float32" else q)
+            engines[q] = ctranslate2.Translator(os.path.join(tmp, q), device="cpu",
+                                                intra_threads=threads, inter_threads=1)
+    translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
+                            max_length=length, batch_size=batch)
+    options = {**decoding_options(cfg, 0), "beam_size": beam, "max_decoding_length": length}
+
+    def ours(part):  # OpenMP threads: the translator's choice, at most `threads` (`ROW_ENV`)
+        return [h.tokens for h in translator.translate(part, beam_size=beam, alpha=0.0)]
+
+    paths = {"ours": ours}
+    for q, engine in engines.items():
+        paths[q] = functools.partial(
+            lambda part, engine: [r.hypotheses[0] for r in engine.translate_batch(part, **options)],
+            engine=engine)
+    for decode in paths.values():
+        decode(sentences[:batch])  # warm-up: graphs, memory plans
+    rounds, tokens = [], {}
+    for _ in range(repeats):
+        seconds = dict.fromkeys(paths, 0.0)
+        tokens = {name: [] for name in paths}
+        for i in range(0, len(sentences), batch):
+            for name, decode in paths.items():
+                tic = time.time()
+                tokens[name] += decode(sentences[i:i + batch])
+                seconds[name] += time.time() - tic
+        rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
+    return {"values": {name: statistics.median(r[name] for r in rounds) for name in paths},
+            "rounds": rounds, "sentences": len(sentences), "beam": beam, "max_length": length,
+            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
+            "same_as_ours": {q: sum(a == b for a, b in zip(tokens["ours"], tokens[q]))
+                             for q in engines},
+            "threads": threads, "peak_rss_mb": _peak_rss_mb()}
+
+
+def ct2_row(s, key, params_path, repeats, threads):
+    """(i) one engine of `ct2_rounds`, measured once for the three (kept beside the params)."""
+    beam = 4 if key.endswith("beam4") else 1
+    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()), f"ct2_beam{beam}.json")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(ct2_rounds(s, beam, repeats, threads), f)
+    with open(path) as f:
+        result = json.load(f)
+    engine = key.split("_")[1]
+    return result["values"][engine], {k: v for k, v in result.items() if k != "values"}
 
 
 SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
@@ -617,6 +709,9 @@ def run_row(key, quick, params_path):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("translate_"):
         return translate_row(s, key, params_path)
+    if key.startswith("ct2_"):
+        return ct2_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)),
+                       int(os.environ.get(THREADS_ENV, 2)))
     if key == "serving":
         return serving_row(quick)
     if key.startswith("greedy_"):
@@ -632,6 +727,8 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved rounds of the (a) training rows (default 3; --quick: 1)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="(i): threads of each engine (default 2)")
     p.add_argument("--only", choices=sorted(GROUPS), default=None,
                    help="run only this group of rows (and its ratios)")
     p.add_argument("--serve-model", default=None, metavar="DIR",
@@ -639,8 +736,14 @@ def main(argv=None):
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.threads < 1:
+        p.error("--repeats and --threads must be at least 1")
+    if not args.row:  # (i): the rounds and threads, for the row's process (its environment)
+        os.environ[REPEATS_ENV] = str(args.repeats)
+        os.environ[THREADS_ENV] = str(args.threads)
+        for key in ROW_ENV:  # the translator's OpenMP threads, at most --threads
+            if key.startswith("ct2_"):
+                ROW_ENV[key] = {"D2L_TRANSFORMER_MAX_THREADS": str(args.threads)}
     if args.serve_model:  # the row's process reads it from its environment
         os.environ[SERVE_MODEL_ENV] = os.path.abspath(args.serve_model)
     if args.row:  # child: measure one row, print its JSON

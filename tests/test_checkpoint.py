@@ -180,7 +180,7 @@ def test_mismatched_vocab_or_config_fails_in_one_line(trained, tmp_path):
             os.replace(os.path.join(directory + "-other", name), os.path.join(directory, name))
         with open(os.path.join(directory, "manifest.json")) as f:
             manifest = json.load(f)
-        from d2l_transformer.io.checkpoint import _sha256  # the params hash is the real one
+        from d2l_transformer.io.atomic import sha256 as _sha256  # the params hash is the real one
         manifest["params.params"]["sha256"] = _sha256(os.path.join(directory, "params.params"))
         with open(os.path.join(directory, "manifest.json"), "w") as f:
             json.dump(manifest, f)

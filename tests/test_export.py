@@ -35,8 +35,8 @@ sys.meta_path.insert(0, Blocked())
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A trained TINY model (2 layers) as a model directory, with a stand-in tokenizer file,
-    exported; and 50 sentences (the chapter's and held-out ones)."""
+    """A trained TINY model (2 layers) as a model directory, exported; and 50 sentences (the
+    chapter's and held-out ones). Tokenizer files: tests/test_ctranslate2.py's subword model."""
     d2t.set_seed(0)
     src_vocab, tgt_vocab, it = d2t.load_data_nmt(CFG.batch_size, CFG.num_steps, CFG.num_examples)
     model = d2t.build_model(CFG, len(src_vocab), len(tgt_vocab))
@@ -44,7 +44,6 @@ def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     model_dir = checkpoint.save(str(root / "model"), model, src_vocab, tgt_vocab, CFG,
                                 {"preset": "tiny"})
-    Path(checkpoint.atomic.resolve_dir(model_dir), "spm_src.model").write_bytes(b"stand-in")
     out = root / "exported"
     manifest = export(model_dir, str(out))
     held, _ = heldout_nmt(src_vocab, tgt_vocab, CFG.num_examples, 46)["unfiltered"]
@@ -61,8 +60,7 @@ def _isolated(code, cwd, stdin=""):
 def test_files_manifest_and_graphs(exported):
     _, src_vocab, tgt_vocab, _, out, manifest, _ = exported
     names = {"encoder-symbol.json", "encoder-0000.params", "decoder_step-symbol.json",
-             "decoder_step-0000.params", "src_vocab.json", "tgt_vocab.json", "config.json",
-             "spm_src.model"}
+             "decoder_step-0000.params", "src_vocab.json", "tgt_vocab.json", "config.json"}
     assert names == set(manifest["files"]) and names | {"manifest.json"} == set(os.listdir(out))
     assert manifest == json.loads((out / "manifest.json").read_text())
     for name, entry in manifest["files"].items():

@@ -35,10 +35,10 @@ from ..data.tokenize import TokenizerError
 from ..data.tokenize import load_tokenizer as _load_tokenizer
 from ..model import build_model
 from . import atomic
-from .atomic import sha256 as _sha256
+from .manifest import ManifestError, build_manifest, check_manifest
 
 PARAMS, SRC_VOCAB, TGT_VOCAB = "params.params", "src_vocab.json", "tgt_vocab.json"
-CONFIG, SUMMARY, TRAINER, MANIFEST = "config.json", "summary.json", "trainer.states", "manifest.json"
+CONFIG, SUMMARY, TRAINER = "config.json", "summary.json", "trainer.states"
 
 
 class CheckpointError(ValueError):
@@ -101,10 +101,7 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
                     json.dumps(summary or {}, indent=2, ensure_ascii=False))
         if trainer is not None:
             _write(os.path.join(tmp_dir, TRAINER), trainer.save_states)
-        manifest = {name: {"bytes": os.path.getsize(os.path.join(tmp_dir, name)),
-                           "sha256": _sha256(os.path.join(tmp_dir, name))}
-                    for name in sorted(os.listdir(tmp_dir))}
-        _write_text(os.path.join(tmp_dir, MANIFEST), json.dumps(manifest, indent=2))
+        build_manifest(tmp_dir)
         if old is not None and os.path.isdir(old):
             for name in keep:
                 _carry(old, tmp_dir, name)
@@ -122,14 +119,10 @@ def _read_json(directory, name):
 
 
 def _check_manifest(directory):
-    manifest = _read_json(directory, MANIFEST)
-    for name, entry in manifest.items():
-        path = os.path.join(directory, name)
-        if not os.path.exists(path):
-            raise CheckpointError(f"model directory {directory}: {name} is missing")
-        if os.path.getsize(path) != entry["bytes"] or _sha256(path) != entry["sha256"]:
-            raise CheckpointError(f"model directory {directory}: {name} is damaged or truncated "
-                                  f"({os.path.getsize(path)} bytes, saved {entry['bytes']})")
+    try:
+        check_manifest(directory)
+    except ManifestError as e:
+        raise CheckpointError(f"model directory {directory}: {e}") from None
 
 
 def _built_shapes(model, ctxs):

@@ -1,6 +1,6 @@
 """A trained model in MXNet's deployment format: two graphs any MXNet 1.9 program can load.
 
-`export(model_dir, out_dir)` writes::
+`export(model_dir, out_dir, format="mxnet")` (`inference.export`) writes::
 
     encoder-symbol.json, encoder-0000.params
         `model.EncoderKV`: source ids and valid lengths -> each decoder block's keys and values
@@ -20,26 +20,18 @@ shows how to call them from another program.
 """
 
 import datetime
-import json
 import os
-import shutil
-import tempfile
 
 import mxnet as mx
 from mxnet import np
 
-from ..io import atomic, checkpoint
-from ..io.atomic import sha256 as _sha256
-from ..model import DecoderStep, EncoderKV
-from .translator import EXTRA_LENGTH, _hybridize_alone, _run
+from ...io import checkpoint
+from ...model import DecoderStep, EncoderKV
+from ..translator import EXTRA_LENGTH, _hybridize_alone, _run
+from .source import copy_file, write_tokenizer_files
 
 FORMAT = "d2l_transformer export 1"
 ENCODER, STEP = "encoder", "decoder_step"
-TOKENIZER_SUFFIXES = (".model", ".vocab")  # sentencepiece's files
-
-
-class ExportError(ValueError):
-    """The model cannot be exported there; the message is one line."""
 
 
 def _io_spec(num_layers, hidden, vocab):
@@ -104,62 +96,22 @@ def _trace_and_export(model, cfg, src_vocab, tgt_vocab, directory, ctx):
     return len(kv) // 2, kv[0].shape[-1]
 
 
-def export(model_dir, out_dir, ctx=None):
-    """Export the model directory `model_dir` into `out_dir` (created; a previous export there
-    is replaced). Returns the manifest (a dict).
-
-    Raises `checkpoint.CheckpointError` for a model directory that cannot be loaded and
-    `ExportError` for a model that cannot be exported (the chapter's exact model) or an
-    `out_dir` that holds something else than an export."""
-    ctx = ctx or mx.cpu()
-    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir, ctx)
-    if cfg.exact_chapter:
-        raise ExportError("export needs the corrected model; this one was trained with "
-                          "--exact-chapter (the step graph is the corrected decoder's)")
-    out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or (
-            os.listdir(out_dir) and not _is_export(out_dir))):
-        raise ExportError(f"{out_dir} exists and is not an export directory; choose another")
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
-        num_layers, hidden = _trace_and_export(model, cfg, src_vocab, tgt_vocab, tmp, ctx)
-        source_dir = atomic.resolve_dir(model_dir)
-        copied = [checkpoint.SRC_VOCAB, checkpoint.TGT_VOCAB, checkpoint.CONFIG]
-        copied += sorted(n for n in os.listdir(source_dir) if n.endswith(TOKENIZER_SUFFIXES))
-        for name in copied:
-            shutil.copyfile(os.path.join(source_dir, name), os.path.join(tmp, name))
-        manifest = _manifest(tmp, cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary)
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, ensure_ascii=False)
-        old = None
-        if os.path.exists(out_dir):  # a previous export (or an empty directory): swap it out
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-            os.rmdir(old)
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
+def write(source, directory, ctx):
+    """Write the export of `source` (`source.ModelSource`) into the new directory `directory`
+    (`inference.export.export` makes it appear whole); returns what the manifest says beside
+    the files' checksums."""
+    cfg, model, src_vocab, tgt_vocab = source.cfg, source.model, source.src_vocab, source.tgt_vocab
+    num_layers, hidden = _trace_and_export(model, cfg, src_vocab, tgt_vocab, directory, ctx)
+    for name in os.listdir(directory):  # Gluon's export wrote them: make them durable
+        copy_file(os.path.join(directory, name), os.path.join(directory, name))
+    for name in (checkpoint.SRC_VOCAB, checkpoint.TGT_VOCAB, checkpoint.CONFIG):
+        copy_file(os.path.join(source.directory, name), os.path.join(directory, name))
+    write_tokenizer_files(source, directory)
+    return _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, source.summary)
 
 
-def _is_export(directory):
-    try:
-        with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
-            return json.load(f).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _manifest(directory, cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
-    from .. import __version__
-    files = {name: {"bytes": os.path.getsize(os.path.join(directory, name)),
-                    "sha256": _sha256(os.path.join(directory, name))}
-             for name in sorted(os.listdir(directory))}
+def _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
+    from ... import __version__
     graphs = _io_spec(num_layers, hidden, len(tgt_vocab))
     for name in (ENCODER, STEP):
         graphs[name].update(symbol=f"{name}-symbol.json", params=f"{name}-0000.params")
@@ -189,5 +141,4 @@ def _manifest(directory, cfg, model, src_vocab, tgt_vocab, num_layers, hidden, s
                     "position first) and are fed to the next step; the encoder caches are "
                     "fed unchanged; a translation ends at <eos>",
         },
-        "files": files,
     }

@@ -1,0 +1,271 @@
+"""`d2l-transformer export --format ctranslate2`: the model in CTranslate2 (an engine no one
+here wrote) scores and translates as the package does.
+
+* every variant CTranslate2 can express: its per-token log-probabilities of given
+  translations (``score_batch``) equal ours to 1e-4 (random weights, no training);
+* trained models (a small subword model, the chapter preset): greedy translations of held-out
+  sentences equal the `Translator`'s token for token, with the options the export's README
+  gives (the README's own snippet runs in a process without the package); beam 4 with no length
+  penalty equal wherever the two searches keep the same hypotheses, and where not, CTranslate2's
+  hypothesis is at least as probable under our model (a search difference, not a model one);
+* int8 loads and translates (its BLEU delta is in docs/export.md, not asserted);
+* what cannot be exported is refused in one line, and nothing that is not an export is replaced.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as onp
+import pytest
+from mxnet import np, npx
+
+import d2l_transformer as d2t
+from d2l_transformer import cli
+from d2l_transformer.data import heldout_nmt
+from d2l_transformer.data.split import split_corpus
+from d2l_transformer.inference.export import ExportError, export
+from d2l_transformer.inference.export.ctranslate2 import EXTRA_LENGTH, decoding_options
+from d2l_transformer.inference.text import translate_texts
+from d2l_transformer.io import checkpoint
+from d2l_transformer.io.manifest import check_manifest
+from d2l_transformer.training.run import train_model
+
+ctranslate2 = pytest.importorskip(
+    "ctranslate2", reason="the ctranslate2 extra is not installed (pip install '.[ctranslate2]')")
+
+# a small subword model: sentencepiece (400 pieces a side) on 2,000 pairs, held-out test sources
+SUBWORD = d2t.TINY.replace(tokenizer="subword", vocab_size=400, num_examples=2000, num_valid=100,
+                           num_test=200, num_layers=2, embedding_size=32, ffn_hidden_size=64,
+                           batch_size=64, min_freq=0, num_epochs=30, loss_reduction="token")
+CHAPTER = d2t.CHAPTER.replace(num_epochs=30)
+BLOCKER = """
+import importlib.abc, sys
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "d2l_transformer":
+            raise ImportError("d2l_transformer is not available in this process")
+sys.meta_path.insert(0, Blocked())
+"""
+
+
+def ct2_translate(out, sentences, cfg, beam=1, length_penalty=0.0):
+    """CTranslate2's best hypothesis for each token list, with the export's decoding options;
+    sentences are grouped by the package's per-sentence limit max(num_steps, length + 10)."""
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=2)
+    groups = {}
+    for i, s in enumerate(sentences):
+        groups.setdefault(len(s), []).append(i)
+    theirs = [None] * len(sentences)
+    for length, idx in groups.items():
+        options = {**decoding_options(cfg, length), "beam_size": beam,
+                   "length_penalty": length_penalty}
+        for i, r in zip(idx, translator.translate_batch([sentences[i] for i in idx], **options)):
+            theirs[i] = r.hypotheses[0]
+    return theirs
+
+
+def our_log_probs(model, src_vocab, tgt_vocab, source, target):
+    """log P(target + <eos> | source) per token under our model (one teacher-forced pass)."""
+    X = np.array([src_vocab[source]])  # (1, n)
+    valid = np.array([len(source)])  # (1,)
+    Y = np.array([[tgt_vocab["<bos>"]] + tgt_vocab[target]])  # (1, m + 1)
+    enc_outputs = model.encoder(X, valid)  # (1, n, d)
+    log_probs = npx.log_softmax(model.decoder(Y, enc_outputs, valid))[0]  # (m + 1, vocab)
+    ids = tgt_vocab[target] + [tgt_vocab["<eos>"]]
+    return log_probs.asnumpy()[onp.arange(len(ids)), ids]
+
+
+# ------------------------------------------------------------------ every variant, exactly
+VARIANTS = {
+    "chapter": {},
+    "pre_norm": {"pre_norm": True},
+    "fixnorm": {"fixnorm": True},
+    "fused_qkv": {"fused_qkv": True},
+    "pre_norm+fixnorm+fused_qkv": {"pre_norm": True, "fixnorm": True, "fused_qkv": True},
+    "layerdrop+drophead, 3 layers": {"layerdrop": 0.2, "drophead": 0.2, "num_layers": 3},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_scores_equal_ours_for_every_variant(variant, nmt, tmp_path):
+    src_vocab, tgt_vocab, _ = nmt
+    cfg = d2t.CHAPTER.replace(**VARIANTS[variant])
+    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+    model.initialize(mx.init.Xavier(magnitude=3))
+    X = np.ones((1, 2))
+    model(X, X, np.array([2]))  # the deferred shapes
+    model_dir = checkpoint.save(str(tmp_path / "model"), model, src_vocab, tgt_vocab, cfg)
+    manifest = export(model_dir, str(tmp_path / "ct2"), format="ctranslate2")
+    assert manifest["model"]["pre_norm"] == cfg.pre_norm
+    pairs = [("go .", "va !"), ("i won !", "j'ai gagné !"), ("he's calm .", "il est calme ."),
+             ("i'm home .", "je suis chez moi ."), ("who ran zzyzx ?", "qui a couru ?")]
+    sources = [s.split() for s, _ in pairs]
+    targets = [t.split() for _, t in pairs]
+    ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=2)
+    theirs = ct2.score_batch(sources, targets)
+    for s, t, r in zip(sources, targets, theirs):
+        assert r.tokens == tgt_vocab.to_tokens(tgt_vocab[t]) + ["<eos>"]  # unknown: <unk>
+        ours = our_log_probs(model, src_vocab, tgt_vocab, s, t)
+        onp.testing.assert_allclose(r.log_probs, ours, rtol=0, atol=1e-4)
+        assert ours.min() < -2  # not a degenerate model: the test would see an error
+
+
+# ------------------------------------------------------------------ trained models
+@pytest.fixture(scope="module", params=["subword", "chapter"])
+def trained(request, tmp_path_factory):
+    """A trained model directory, its float32 CTranslate2 export, and held-out sentences:
+    the subword model's test split sources, the chapter preset's first 200 held-out pairs."""
+    root = tmp_path_factory.mktemp(request.param)
+    cfg = SUBWORD if request.param == "subword" else CHAPTER
+    model_dir = str(root / "model")
+    train_model(cfg, model_dir, ctx=mx.cpu(), progress=False, preset=request.param)
+    model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(model_dir)
+    tokenizer = checkpoint.load_tokenizer(model_dir)
+    if request.param == "subword":
+        _, _, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, by=cfg.split_by)
+        sentences = [tokenizer.encode(t) for t in test.source]
+    else:
+        sentences = heldout_nmt(src_vocab, tgt_vocab, cfg.num_examples, 200)["unfiltered"][0]
+    out = root / "ct2"
+    export(model_dir, str(out), format="ctranslate2")
+    return dict(kind=request.param, model_dir=model_dir, model=model, src_vocab=src_vocab,
+                tgt_vocab=tgt_vocab, cfg=cfg, tokenizer=tokenizer, sentences=sentences, out=out)
+
+
+@pytest.mark.slow
+def test_greedy_equals_the_translator_token_for_token(trained):
+    t = trained
+    translator = d2t.Translator(t["model"], t["src_vocab"], t["tgt_vocab"], mx.cpu(),
+                                num_steps=t["cfg"].num_steps)
+    ours = [h.tokens for h in translator.translate(t["sentences"])]
+    theirs = ct2_translate(t["out"], t["sentences"], t["cfg"])
+    assert len(ours) == 200 and len({tuple(o) for o in ours}) > 20  # a model that translates
+    assert sum(a == b for a, b in zip(ours, theirs)) == 200
+
+
+@pytest.mark.slow
+def test_beam_without_length_penalty_equal_where_the_searches_agree(trained):
+    """Both rank by log P at α = 0 / length_penalty = 0. The searches differ in one respect:
+    a finished hypothesis keeps its place in CTranslate2's list, while in gluonnlp's search
+    (ours) it competes with the live beams at every step and can be pushed out."""
+    t = trained
+    translator = d2t.Translator(t["model"], t["src_vocab"], t["tgt_vocab"], mx.cpu(),
+                                num_steps=t["cfg"].num_steps)
+    ours = [h.tokens for h in translator.translate(t["sentences"], beam_size=4, alpha=0.0)]
+    theirs = ct2_translate(t["out"], t["sentences"], t["cfg"], beam=4)
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    assert len(differ) <= 200 * 0.03, differ
+    for i in differ:
+        s = t["sentences"][i]
+        p_ours = our_log_probs(t["model"], t["src_vocab"], t["tgt_vocab"], s, ours[i]).sum()
+        p_theirs = our_log_probs(t["model"], t["src_vocab"], t["tgt_vocab"], s, theirs[i]).sum()
+        assert p_theirs >= p_ours - 1e-4, (i, ours[i], theirs[i], p_ours, p_theirs)
+
+
+@pytest.mark.slow
+def test_the_readme_translates_like_the_package_without_it(trained):
+    """The export's README.md: its Python snippet, run in a process that cannot import the
+    package, prints what `translate_texts` gives for the same texts."""
+    t = trained
+    out = t["out"]
+    readme = (out / "README.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    texts = json.loads(re.search(r"for text in (\[.*?\])\]", snippet).group(1).replace("'", '"'))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    run = subprocess.run([sys.executable, "-I", "-c", BLOCKER + snippet], cwd=str(out), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    ours = translate_texts(t["model"], texts, t["tokenizer"], t["src_vocab"], t["tgt_vocab"],
+                           t["cfg"], mx.cpu())
+    assert eval(run.stdout) == ours  # the snippet prints a list of strings
+    files = {"model.bin", "config.json", "source_vocabulary.json", "target_vocabulary.json",
+             "README.md"} | ({"spm_src.model", "spm_tgt.model"} if t["kind"] == "subword" else set())
+    manifest = check_manifest(str(out))
+    assert set(manifest["files"]) == files and set(os.listdir(out)) == files | {"manifest.json"}
+    assert manifest["special_tokens"] == {"<unk>": 0, "<pad>": 1, "<bos>": 2, "<eos>": 3}
+    config = json.loads((out / "config.json").read_text())
+    assert (config["unk_token"], config["bos_token"], config["eos_token"],
+            config["decoder_start_token"], config["add_source_eos"]) == (
+        "<unk>", "<bos>", "<eos>", "<bos>", False)
+    assert json.loads((out / "target_vocabulary.json").read_text()) == t["tgt_vocab"].idx_to_token
+    assert f"+ {EXTRA_LENGTH}" in snippet
+
+
+@pytest.mark.slow
+def test_int8_exports_and_translates(trained, tmp_path):
+    t = trained
+    manifest = export(t["model_dir"], str(tmp_path / "int8"), format="ctranslate2",
+                      quantization="int8")
+    assert manifest["quantization"] == "int8"
+    assert (manifest["files"]["model.bin"]["bytes"]
+            < 0.75 * os.path.getsize(t["out"] / "model.bin"))  # 1 byte a weight, not 4
+    theirs = ct2_translate(tmp_path / "int8", t["sentences"][:20], t["cfg"])
+    assert len(theirs) == 20 and all(isinstance(h, list) for h in theirs)
+
+
+# ------------------------------------------------------------------ refusals
+@pytest.fixture()
+def small_dir(nmt, tmp_path):
+    src_vocab, tgt_vocab, _ = nmt
+
+    def save(name, cfg):
+        model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+        model.initialize()
+        X = np.ones((1, 2))
+        model(X, X, np.array([2]))
+        return checkpoint.save(str(tmp_path / name), model, src_vocab, tgt_vocab, cfg)
+    return save
+
+
+def _snapshot(directory):
+    return {name: (open(os.path.join(directory, name), "rb").read(),
+                   os.stat(os.path.join(directory, name)).st_mtime_ns)
+            for name in sorted(os.listdir(directory))}
+
+
+def test_refusals_are_one_line_and_touch_nothing(small_dir, tmp_path, capsys, monkeypatch):
+    good = small_dir("good", d2t.TINY)
+    exact = small_dir("exact", d2t.TINY.replace(exact_chapter=True))
+    scale = small_dir("scale", d2t.TINY.replace(norm="scale"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    before = _snapshot(mine)
+    capsys.readouterr()
+    out = str(tmp_path / "out")
+    for args in (["--model", exact, "--out", out],
+                 ["--model", exact, "--out", out, "--format", "mxnet"],
+                 ["--model", scale, "--out", out],
+                 ["--model", good, "--out", str(mine)],
+                 ["--model", good, "--out", str(mine), "--format", "mxnet"],
+                 ["--model", good, "--out", good],  # the model directory itself
+                 ["--model", good, "--out", out, "--format", "mxnet", "--quantization", "int8"]):
+        if "--format" not in args:
+            args = args + ["--format", "ctranslate2"]
+        assert cli.main(["export", *args]) == 2, args
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 7 and all(line.startswith("error: ") for line in err), err
+    assert "--exact-chapter" in err[0] and "--exact-chapter" in err[1]
+    assert "ScaleNorm" in err[2] and "not an export directory" in err[3]
+    assert _snapshot(mine) == before
+    assert not os.path.lexists(out)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith((".mine.", ".out."))]
+    checkpoint.load(good)  # still a model directory
+    with pytest.raises(ExportError, match="--exact-chapter"):
+        export(exact, out, format="ctranslate2")
+    # an export is replaced, by either format
+    assert cli.main(["export", "--model", good, "--out", out, "--format", "ctranslate2"]) == 0
+    assert cli.main(["export", "--model", good, "--out", out, "--format", "mxnet"]) == 0
+    assert cli.main(["export", "--model", good, "--out", out, "--format", "ctranslate2",
+                     "--quantization", "int16"]) == 0
+    assert json.loads(open(os.path.join(out, "manifest.json")).read())["quantization"] == "int16"
+    # without the package: one line that says how to install it
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    capsys.readouterr()
+    assert cli.main(["export", "--model", good, "--out", out, "--format", "ctranslate2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install" in err[0]
