@@ -22,8 +22,11 @@ on disk until the next save is complete), checks the manifest, then the shapes o
 parameters against the model the config and vocabularies build; any mismatch is one line.
 """
 
+import errno
+import hashlib
 import json
 import os
+import tempfile
 
 import mxnet as mx
 from mxnet import init, np
@@ -47,6 +50,18 @@ class CheckpointError(ValueError):
 def _write(path, write):
     """``write(tmp_path)``, fsynced and renamed onto `path`: the file appears whole or not at all."""
     atomic.write_file(path, write)
+
+
+def _save_parameters(model, path):
+    """``model.save_parameters(path)``; MXNet's C++ writer reports a failed write (disk full,
+    file size limit) as an MXNetError: it becomes the OSError it is, naming the file."""
+    try:
+        model.save_parameters(path)
+    except mx.base.MXNetError as e:
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        cause = lines[-1].rsplit(": ", 1)[-1] if lines else "write failed"
+        raise OSError(errno.EIO, f"cannot write the parameters ({cause}; disk full or file "
+                                 "size limit?)", path) from None
 
 
 def _write_bytes(path, data):
@@ -78,7 +93,7 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
     never anything else: `atomic.NotReplaceable`, see `is_model_dir`). ``tokenizer``: its
     files (the sentencepiece models of a subword tokenizer) are kept too."""
     def fill(tmp_dir):
-        _write(os.path.join(tmp_dir, PARAMS), model.save_parameters)
+        _write(os.path.join(tmp_dir, PARAMS), lambda tmp: _save_parameters(model, tmp))
         for name, data in (tokenizer.files() if tokenizer is not None else {}).items():
             _write(os.path.join(tmp_dir, name), lambda tmp, data=data: _write_bytes(tmp, data))
         for name, vocab in ((SRC_VOCAB, src_vocab), (TGT_VOCAB, tgt_vocab)):
@@ -98,11 +113,12 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
 class _Dir:
     """A model directory as one reader sees it: `real`, the version resolved once
     (`atomic.resolve_dir`), where every file is read; `shown`, the path the user gave, in
-    messages."""
+    messages; `blobs`, once `verify` ran, the bytes of every file the manifest lists."""
 
     def __init__(self, directory):
         self.shown = os.path.abspath(directory)
         self.real = atomic.resolve_dir(directory)
+        self.blobs = {}
         if not os.path.isdir(self.real):
             raise CheckpointError(f"model directory {self.shown} does not exist")
 
@@ -111,6 +127,8 @@ class _Dir:
 
     def read_json(self, name):
         try:
+            if name in self.blobs:
+                return json.loads(self.blobs[name].decode("utf-8"))
             with open(self.path(name), encoding="utf-8") as f:
                 return json.load(f)
         except FileNotFoundError:
@@ -119,16 +137,19 @@ class _Dir:
             raise CheckpointError(f"model directory {self.shown}: cannot read {name}: "
                                   f"{str(e).replace(self.real, self.shown)}") from None
 
-    def check_manifest(self):
-        manifest = self.read_json(MANIFEST)
-        for name, entry in manifest.items():
-            path = self.path(name)
-            if not os.path.exists(path):
-                raise CheckpointError(f"model directory {self.shown}: {name} is missing")
-            if os.path.getsize(path) != entry["bytes"] or _sha256(path) != entry["sha256"]:
+    def verify(self):
+        """Read every file the manifest lists, once, into `blobs`, checking its size and
+        SHA-256: what is parsed afterwards is what was checked, all of one version."""
+        for name, entry in self.read_json(MANIFEST).items():
+            try:
+                with open(self.path(name), "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise CheckpointError(f"model directory {self.shown}: {name} is missing") from None
+            if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
                 raise CheckpointError(f"model directory {self.shown}: {name} is damaged or "
-                                      f"truncated ({os.path.getsize(path)} bytes, saved "
-                                      f"{entry['bytes']})")
+                                      f"truncated ({len(data)} bytes, saved {entry['bytes']})")
+            self.blobs[name] = data
 
     def config(self):
         try:
@@ -171,7 +192,7 @@ def load_config(directory):
 
 
 def _load(d, ctxs):
-    d.check_manifest()
+    d.verify()
     cfg = d.config()
     try:
         src_vocab = Vocab.from_dict(d.read_json(SRC_VOCAB))
@@ -183,9 +204,10 @@ def _load(d, ctxs):
     summary = d.read_json(SUMMARY)
     model = build_model(cfg, len(src_vocab), len(tgt_vocab))
     expected = _built_shapes(model, ctxs)
-    params_path = d.path(PARAMS)
+    if PARAMS not in d.blobs:
+        raise CheckpointError(f"model directory {d.shown}: its {MANIFEST} does not list {PARAMS}")
     try:
-        saved = {name: arr.shape for name, arr in mx.nd.load(params_path).items()}
+        saved = {name: arr.shape for name, arr in mx.nd.load_frombuffer(d.blobs[PARAMS]).items()}
     except mx.base.MXNetError:
         raise CheckpointError(f"model directory {d.shown}: {PARAMS} is not a parameter "
                               "file") from None
@@ -198,15 +220,20 @@ def _load(d, ctxs):
                 f"model directory {d.shown}: parameter {name} is {saved.get(name)} in {PARAMS} "
                 f"but {trainable.get(name)} for {CONFIG} and the vocabularies "
                 f"({len(src_vocab)} source, {len(tgt_vocab)} target tokens)")
-    model.load_parameters(params_path, ctx=ctxs, allow_missing=True)
+    with tempfile.TemporaryDirectory() as tmp:  # the checked bytes, not the file again
+        params_path = os.path.join(tmp, PARAMS)
+        with open(params_path, "wb") as f:
+            f.write(d.blobs[PARAMS])
+        model.load_parameters(params_path, ctx=ctxs, allow_missing=True)
     return model, src_vocab, tgt_vocab, cfg, summary
 
 
 def load(directory, ctx=None):
     """``(model, src_vocab, tgt_vocab, cfg, summary)`` from a model directory.
 
-    Every file comes from one version (resolved once, `atomic.resolve_dir`), even while a
-    training run saves the directory again. Raises CheckpointError (one line) for a missing
+    Every file comes from one version (resolved once, `atomic.resolve_dir`, each file read
+    once and checked against the manifest), even while a training run saves the directory
+    again. Raises CheckpointError (one line) for a missing
     directory or file, a damaged or truncated file, or parameters that do not fit the model
     built from config.json and the vocabularies. ``ctx``: a context or a list of them (the
     parameters are loaded onto each).
