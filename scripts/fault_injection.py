@@ -106,6 +106,13 @@ def _start_line(proc, lines, deadline):
     return None
 
 
+def _pump(stream, lines):
+    """Every line of `stream` into the queue `lines`, then None."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
 def kill_scenario(work, kills, rng, timeout):
     out = os.path.join(work, "kill", "m")
     os.makedirs(os.path.dirname(out))
@@ -123,8 +130,7 @@ def kill_scenario(work, kills, rng, timeout):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env=_env(), cwd=work)
         lines = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] and
-                                  lines.put(None), daemon=True)
+        reader = threading.Thread(target=_pump, args=(proc.stderr, lines), daemon=True)
         reader.start()
         start = _start_line(proc, lines, min(deadline, time.time() + 300))
         if start is None:
