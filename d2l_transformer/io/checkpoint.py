@@ -26,7 +26,6 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
 
 import mxnet as mx
 from mxnet import init, np
@@ -206,8 +205,8 @@ def _load(d, ctxs):
     expected = _built_shapes(model, ctxs)
     if PARAMS not in d.blobs:
         raise CheckpointError(f"model directory {d.shown}: its {MANIFEST} does not list {PARAMS}")
-    try:
-        saved = {name: arr.shape for name, arr in mx.nd.load_frombuffer(d.blobs[PARAMS]).items()}
+    try:  # the checked bytes, parsed in memory: no second read, no temporary file
+        saved = mx.nd.load_frombuffer(d.blobs[PARAMS])
     except mx.base.MXNetError:
         raise CheckpointError(f"model directory {d.shown}: {PARAMS} is not a parameter "
                               "file") from None
@@ -215,16 +214,16 @@ def _load(d, ctxs):
     for name in sorted(set(trainable) | set(saved)):
         if name.endswith(".P"):
             continue
-        if trainable.get(name) != saved.get(name):
+        shape = saved[name].shape if name in saved else None
+        if trainable.get(name) != shape:
             raise CheckpointError(
-                f"model directory {d.shown}: parameter {name} is {saved.get(name)} in {PARAMS} "
+                f"model directory {d.shown}: parameter {name} is {shape} in {PARAMS} "
                 f"but {trainable.get(name)} for {CONFIG} and the vocabularies "
                 f"({len(src_vocab)} source, {len(tgt_vocab)} target tokens)")
-    with tempfile.TemporaryDirectory() as tmp:  # the checked bytes, not the file again
-        params_path = os.path.join(tmp, PARAMS)
-        with open(params_path, "wb") as f:
-            f.write(d.blobs[PARAMS])
-        model.load_parameters(params_path, ctx=ctxs, allow_missing=True)
+    params = model._collect_params_with_prefix()  # what `load_parameters` fills, by name
+    for name, array in saved.items():
+        if name in params:
+            params[name].set_data(array.as_np_ndarray())  # onto every context of `ctxs`
     return model, src_vocab, tgt_vocab, cfg, summary
 
 
