@@ -143,7 +143,7 @@ def test_fault_injection_script_small(tmp_path):
     """scripts/fault_injection.py with small counts: every figure as the docs state them."""
     out = tmp_path / "faults.json"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fault_injection.py"),
-                        "--only", "kill,concurrent", "--kills", "2", "--saves", "15", "--loads",
+                        "--only", "kill,concurrent,fail", "--kills", "2", "--saves", "15", "--loads",
                         "15", "--json", str(out)], capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -154,3 +154,8 @@ def test_fault_injection_script_small(tmp_path):
     assert kill["resumed_at_next_epoch"] == kill["resumes"] == 1
     assert concurrent["saves"] >= 15 and concurrent["loads"] >= 15
     assert concurrent["failed_loads"] == concurrent["mixed_versions"] == 0
+    for case in figures["fail"].values():  # through the console script: one line, exit 2
+        if "skipped" not in case:
+            assert case["exit_code"] == 2 and not case["traceback"] and case["error_lines"] == 1
+            assert case["previous_loads"] and case["previous_byte_for_byte"]
+            assert case["leftover_versions"] == 0
