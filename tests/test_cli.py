@@ -214,21 +214,26 @@ def test_out_model_directory_is_refused_without_resume_or_overwrite(model_dir, c
     assert e.value.code == 2 and "not allowed with argument --resume" in capsys.readouterr().err
 
 
+def _console(*args):
+    """The console script in its own process, as a user runs it (the trainer states a run
+    resumes are matched to the parameters by index, so they come from a process of their own)."""
+    return subprocess.run([sys.executable, "-m", "d2l_transformer.cli", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.slow
 def test_out_model_directory_resumed_or_replaced_on_request(model_dir, tmp_path, capsys):
-    first = json.loads(open(os.path.join(model_dir, "summary.json")).read())
-    for name in ("resumed", "replaced"):  # copies, as plain directories (the older layout)
-        shutil.copytree(os.path.realpath(model_dir), tmp_path / name)
     out = str(tmp_path / "resumed")
-    _refused(TRAIN + ["--epochs", "4", "--out", out], capsys, tmp_path, "already holds")
-    # in its own process, as a user resumes (the trainer states are matched to the
-    # parameters by their index)
-    r = subprocess.run([sys.executable, "-m", "d2l_transformer.cli", *TRAIN, "--epochs", "4",
-                        "--out", out, "--resume"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "from epoch 4" in r.stderr, r.stderr
+    r = _console(*TRAIN, "--epochs", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    first = json.loads(open(os.path.join(out, "summary.json")).read())
+    _refused(TRAIN + ["--epochs", "2", "--out", out], capsys, tmp_path, "already holds")
+    r = _console(*TRAIN, "--epochs", "2", "--out", out, "--resume")
+    assert r.returncode == 0 and "from epoch 2" in r.stderr, r.stderr
     resumed = json.loads(open(os.path.join(out, "summary.json")).read())
-    assert resumed["epoch_history"][:3] == first["epoch_history"] and resumed["epochs_done"] == 4
-    out = str(tmp_path / "replaced")
+    assert resumed["epoch_history"][:1] == first["epoch_history"] and resumed["epochs_done"] == 2
+    out = str(tmp_path / "replaced")  # a copy, as a plain directory (the older layout)
+    shutil.copytree(os.path.realpath(model_dir), out)
     assert cli.main(TRAIN[:-1] + ["4", "--epochs", "1", "--out", out, "--overwrite"]) == 0
     replaced = json.loads(open(os.path.join(out, "summary.json")).read())
     assert replaced["seed"] == 4 and replaced["epochs_done"] == 1 and os.path.islink(out)
