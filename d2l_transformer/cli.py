@@ -205,7 +205,7 @@ def cmd_train(args):
                               checkpoint_every=args.checkpoint_every, progress=not args.quiet,
                               preset=args.preset, stop_after=args.stop_after,
                               valid_every=args.valid_every, patience=args.patience,
-                              average_last=args.average_last)
+                              average_last=args.average_last, overwrite=args.overwrite)
     except TrainingStopped as e:
         print(f"stopped after epoch {e.epoch} (--stop-after); continue with --resume",
               file=sys.stderr)
@@ -286,7 +286,13 @@ def get_parser():
     t.add_argument("--out", default="out/model", help="the model directory (checkpoints too)")
     t.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                    help="save the model directory every N epochs (and at the end)")
-    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from the checkpoint in --out")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the model directory --out if it holds one (without "
+                            "--resume or --overwrite an existing model is never replaced; a "
+                            "directory that is not a model directory never is)")
     t.add_argument("--exact-chapter", action="store_true",
                    help="the book's three bugs (trains on the chapter's imperative loop)")
     t.add_argument("--data", default=None, help="path of fra-eng.zip")

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """d2l 9.3 top to bottom: the toy checks, 100 epochs of training, the four translations, and
 the book's printed output beside ours. Writes OUT/summary.json, the figures and the model
-directory OUT/model (for `d2l-transformer translate --model OUT/model`).
+directory OUT/model (for `d2l-transformer translate --model OUT/model`). The script owns its
+runs: run again, it replaces the model directory OUT/model it wrote (never a directory that is
+not a model directory).
 
 It trains exactly as ``d2l-transformer train --preset chapter`` does (`train_model`): the same
 seed gives the same loss and translations. By default on the hybridized graph path; the
@@ -26,7 +28,7 @@ from d2l_transformer.book import CHAPTER_CODE, agreements, compare_table
 from d2l_transformer.cli import UserError, guarded
 from d2l_transformer.data import default_data_path
 from d2l_transformer.io import atomic
-from d2l_transformer.training.run import train_model
+from d2l_transformer.training.run import check_out_dir, train_model
 from d2l_transformer.viz.png import plot_loss, plot_positional_encoding
 
 ORACLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chapter_oracle.py")
@@ -121,14 +123,16 @@ def run(args):
         raise UserError(str(e)) from None
     if args.epochs < 1:
         raise UserError("--epochs must be at least 1")
+    model_dir = os.path.join(args.out, "model")
+    check_out_dir(model_dir, overwrite=True)  # before anything is written
     os.makedirs(args.out, exist_ok=True)
     d2t.set_seed(args.seed)
     if not args.skip_toys:
         toy_checks(args.out)
     cfg = d2t.CHAPTER.replace(num_epochs=args.epochs, exact_chapter=args.exact_chapter)
-    summary = train_model(cfg, os.path.join(args.out, "model"), seed=args.seed, ctx=ctx,
-                          fast=not args.imperative, data_path=args.data, preset="chapter",
-                          checkpoint_every=cfg.num_epochs, progress=not args.quiet)
+    summary = train_model(cfg, model_dir, seed=args.seed, ctx=ctx, fast=not args.imperative,
+                          data_path=args.data, preset="chapter", checkpoint_every=cfg.num_epochs,
+                          progress=not args.quiet, overwrite=True)
     print(d2t.training.book_line(summary))
     print("loss per target token (cross-entropy): %.3f" % summary["loss_per_token"])
     for sentence, translation in summary["translations"].items():

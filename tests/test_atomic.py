@@ -57,13 +57,66 @@ def test_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path, monkey
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["a.params"]
 
 
-def test_resolve_dir_reads_the_pending_link_only_while_the_path_is_missing(tmp_path):
+def test_resolve_dir_gives_the_real_version_of_the_link_or_of_the_pending_one(tmp_path):
     version = tmp_path / ".m.v-0123456789abcdef"
     version.mkdir()
-    os.symlink(version.name, tmp_path / ".m.link")
-    assert atomic.resolve_dir(str(tmp_path / "m")) == str(tmp_path / ".m.link")
-    (tmp_path / "m").mkdir()
-    assert atomic.resolve_dir(str(tmp_path / "m")) == str(tmp_path / "m")
+    os.symlink(version.name, tmp_path / ".m.link")  # a migration between its two renames
+    assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(version)
+    (tmp_path / "m").mkdir()  # a plain directory (an older layout) is read where it is
+    assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(tmp_path / "m")
+    (tmp_path / "m").rmdir()
+    os.symlink(version.name, tmp_path / "m")
+    assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(version)
+
+
+def _fill(text):
+    return lambda d: atomic.write_text(os.path.join(d, "a.txt"), text)
+
+
+def _tree(root):
+    """Every file under `root` (links not followed) with its bytes."""
+    return {os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(root) for n in names}
+
+
+def test_write_dir_replaces_only_what_it_wrote(tmp_path):
+    user = tmp_path / "user"
+    (user / "sub").mkdir(parents=True)
+    (user / "notes.txt").write_text("mine")
+    (user / "sub" / "data.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "file").write_text("a file")
+    before = _tree(tmp_path)
+    for path in (user, tmp_path / "file", tmp_path):
+        with pytest.raises(atomic.NotReplaceable) as e:
+            atomic.write_dir(str(path), _fill("new"))
+        assert e.value.filename == str(path)
+    with pytest.raises(atomic.NotReplaceable):  # the caller's test says no
+        atomic.write_dir(str(user), _fill("new"), replaceable=lambda p: False)
+    os.symlink("user", tmp_path / "link")  # a user's link to a user's directory
+    with pytest.raises(atomic.NotReplaceable):
+        atomic.write_dir(str(tmp_path / "link"), _fill("new"))
+    assert _tree(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["file", "link", "user"]
+    # an empty directory, and a directory the caller's test recognises, are replaced
+    (tmp_path / "empty").mkdir()
+    atomic.write_dir(str(tmp_path / "empty"), _fill("new"))
+    assert (tmp_path / "empty" / "a.txt").read_text() == "new"
+    atomic.write_dir(str(user), _fill("new"), replaceable=lambda p: (user / "notes.txt").exists())
+    assert os.listdir(user) == ["a.txt"] and os.path.islink(user)
+
+
+def test_the_previous_version_stays_until_the_next_save_is_complete(tmp_path):
+    path = str(tmp_path / "m")
+    readers = []
+    for i in range(4):
+        atomic.write_dir(path, _fill(f"v{i}"))
+        readers.append(atomic.resolve_dir(path))  # a reader that started on version i
+        versions = sorted(n for n in os.listdir(tmp_path) if n.startswith(".m.v-"))
+        assert len(versions) == min(i + 1, 2) and "m" in os.listdir(tmp_path)
+        assert open(os.path.join(readers[-1], "a.txt")).read() == f"v{i}"
+        if i:  # the reader of the previous version still finds it whole
+            assert open(os.path.join(readers[-2], "a.txt")).read() == f"v{i - 1}"
+        if i > 1:  # two saves later it is gone
+            assert not os.path.exists(readers[-3])
 
 
 def test_averaged_checkpoint_is_written_through_the_helper(tmp_path, monkeypatch):

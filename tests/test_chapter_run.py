@@ -49,3 +49,23 @@ def test_full_chapter_run_reaches_the_books_loss(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["epochs"] == 100 and s["loss"] < 0.06, s["loss"]
     assert len(s["history"]) == 10
+
+
+def test_model_directory_that_is_not_the_scripts_is_refused(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "notes.txt").write_text("mine")
+    r = _run("--out", str(tmp_path), "--skip-toys", "--ctx", "cpu")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "is a directory that is not a model directory" in r.stderr
+    assert os.listdir(tmp_path) == ["model"] and os.listdir(tmp_path / "model") == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_run_again_replaces_its_own_model_directory(tmp_path):
+    """`make demo` twice: the second run replaces the model directory the first one wrote."""
+    for seed in ("0", "1"):
+        r = _run("--skip-toys", "--epochs", "1", "--seed", seed, "--out", str(tmp_path),
+                 "--ctx", "cpu", "--quiet")
+        assert r.returncode == 0, r.stderr
+        s = json.loads((tmp_path / "model" / "summary.json").read_text())
+        assert s["seed"] == int(seed)

@@ -124,10 +124,13 @@ def test_interrupted_at_every_step_the_path_is_a_complete_model(trained, tmp_pat
         if completed:
             assert summary == {"run": 2}
             assert interrupter.calls == k - 1 and k > 20  # every step was interrupted once
-        # the next save completes and leaves only the link and its one version
+        # the next save completes and leaves only the link, its version and the previous one
+        previous = checkpoint.atomic.resolve_dir(directory)
         checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 3})
         assert json.loads((parent / "m" / "summary.json").read_text()) == {"run": 3}
-        assert _entries(parent) == ["m", "v"], (k, os.listdir(parent))
+        assert _entries(parent) == ["m", "v", "v"], (k, os.listdir(parent))
+        if os.path.basename(previous).startswith(".m.v-"):  # a reader of it finishes on it
+            assert json.loads(open(os.path.join(previous, "summary.json")).read()) == summary
 
 
 def test_stale_leftovers_are_removed_by_the_next_save(trained, tmp_path):
@@ -139,7 +142,7 @@ def test_stale_leftovers_are_removed_by_the_next_save(trained, tmp_path):
     (tmp_path / ".m.tmp-1234abcd5678ef90").write_text("half a file")
     (tmp_path / ".mm.tmp-k3j_x9qa").mkdir()  # another model's: not ours to remove
     checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 2})
-    assert _entries(tmp_path) == [".mm.tmp-k3j_x9qa", "m", "v"]
+    assert _entries(tmp_path) == [".mm.tmp-k3j_x9qa", "m", "v", "v"]  # run 2 and run 1
     assert checkpoint.load(directory)[4] == {"run": 2}
 
 
@@ -150,6 +153,29 @@ def test_save_refuses_to_replace_a_file(trained, tmp_path):
     with pytest.raises(FileExistsError):
         checkpoint.save(str(path), model, src_vocab, tgt_vocab, cfg)
     assert path.read_text() == "not a model"
+
+
+def test_save_replaces_a_model_directory_only(trained, tmp_path):
+    """A plain directory is migrated only when it is a model directory this package wrote (a
+    manifest listing config.json and params.params); any other is left byte for byte."""
+    model, src_vocab, tgt_vocab, cfg, _, _ = trained
+    legacy = str(tmp_path / "legacy")
+    _legacy_dir(trained, legacy)
+    assert checkpoint.is_model_dir(legacy) and not os.path.islink(legacy)
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    (user / "config.json").write_text("{}")
+    (user / "manifest.json").write_text('{"notes.txt": {"bytes": 4}}')  # not our manifest
+    assert not checkpoint.is_model_dir(str(user)) and not checkpoint.is_model_dir(str(tmp_path))
+    assert not checkpoint.is_model_dir(str(tmp_path / "nope"))
+    with pytest.raises(checkpoint.atomic.NotReplaceable, match="not written by d2l_transformer"):
+        checkpoint.save(str(user), model, src_vocab, tgt_vocab, cfg)
+    assert sorted(os.listdir(user)) == ["config.json", "manifest.json", "notes.txt"]
+    assert (user / "notes.txt").read_text() == "mine"
+    checkpoint.save(legacy, model, src_vocab, tgt_vocab, cfg, {"run": 2})
+    assert os.path.islink(legacy) and checkpoint.load(legacy)[4] == {"run": 2}
+    assert checkpoint.is_model_dir(legacy)
 
 
 def test_truncated_params_fail_cleanly(trained, tmp_path):

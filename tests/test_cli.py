@@ -4,6 +4,7 @@
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -156,3 +157,88 @@ def test_console_script_no_traceback(tmp_path):
     r = subprocess.run([exe, "translate", "--model", str(tmp_path / "x"), "go ."],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------- --out rules
+def _snapshot(root):
+    """Every entry under `root`: a file's bytes, a link's target, a directory's mark."""
+    entries = {}
+    for d, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(d, name)
+            rel = os.path.relpath(path, root)
+            if os.path.islink(path):
+                entries[rel] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                entries[rel] = "dir"
+            else:
+                with open(path, "rb") as f:
+                    entries[rel] = f.read()
+    return entries
+
+
+def _refused(argv, capsys, root, words):
+    before = _snapshot(root)
+    assert cli.main(argv) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+    assert _snapshot(root) == before  # nothing touched, byte for byte
+
+
+def test_out_that_is_not_a_model_directory_is_refused_untouched(tmp_path, monkeypatch, capsys):
+    user = tmp_path / "mydir"
+    (user / "sub").mkdir(parents=True)
+    (user / "notes.txt").write_text("notes")
+    (user / "sub" / "data.bin").write_bytes(bytes(range(256)))
+    _refused(TRAIN + ["--epochs", "1", "--out", str(user)], capsys, tmp_path,
+             "is a directory that is not a model directory")
+    _refused(TRAIN + ["--epochs", "1", "--out", str(user), "--overwrite"], capsys, tmp_path,
+             "is a directory that is not a model directory")
+    _refused(TRAIN + ["--epochs", "1", "--out", str(user / "notes.txt")], capsys, tmp_path,
+             "is a file")
+    _refused(TRAIN + ["--epochs", "1", "--out", str(user), "--resume"], capsys, tmp_path,
+             "has no config.json")
+    monkeypatch.chdir(user)  # `--out .` in a directory holding the user's files
+    _refused(TRAIN + ["--epochs", "1", "--out", "."], capsys, tmp_path,
+             ". is a directory that is not a model directory")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)  # an empty current directory is not replaced by a link either
+    _refused(TRAIN + ["--epochs", "1", "--out", "."], capsys, tmp_path, "current directory")
+
+
+def test_out_model_directory_is_refused_without_resume_or_overwrite(model_dir, capsys):
+    _refused(TRAIN + ["--epochs", "4", "--out", model_dir], capsys, os.path.dirname(model_dir),
+             "already holds a trained model: give --resume to continue it, --overwrite")
+    with pytest.raises(SystemExit) as e:  # both: a usage error
+        cli.main(TRAIN + ["--out", model_dir, "--resume", "--overwrite"])
+    assert e.value.code == 2 and "not allowed with argument --resume" in capsys.readouterr().err
+
+
+def _console(*args):
+    """The console script in its own process, as a user runs it (the trainer states a run
+    resumes are matched to the parameters by index, so they come from a process of their own)."""
+    return subprocess.run([sys.executable, "-m", "d2l_transformer.cli", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_out_model_directory_resumed_or_replaced_on_request(model_dir, tmp_path, capsys):
+    out = str(tmp_path / "resumed")
+    r = _console(*TRAIN, "--epochs", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    first = json.loads(open(os.path.join(out, "summary.json")).read())
+    _refused(TRAIN + ["--epochs", "2", "--out", out], capsys, tmp_path, "already holds")
+    r = _console(*TRAIN, "--epochs", "2", "--out", out, "--resume")
+    assert r.returncode == 0 and "from epoch 2" in r.stderr, r.stderr
+    resumed = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert resumed["epoch_history"][:1] == first["epoch_history"] and resumed["epochs_done"] == 2
+    out = str(tmp_path / "replaced")  # a copy, as a plain directory (the older layout)
+    shutil.copytree(os.path.realpath(model_dir), out)
+    assert cli.main(TRAIN[:-1] + ["4", "--epochs", "1", "--out", out, "--overwrite"]) == 0
+    replaced = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert replaced["seed"] == 4 and replaced["epochs_done"] == 1 and os.path.islink(out)
+    assert not any(n.startswith(".replaced.") and not n.startswith(".replaced.v-")
+                   for n in os.listdir(tmp_path))
+    (tmp_path / "empty").mkdir()  # an empty directory is fine
+    assert cli.main(TRAIN + ["--epochs", "1", "--out", str(tmp_path / "empty")]) == 0

@@ -552,3 +552,42 @@ def test_shift_in_equals_slice_and_concatenate():
             assert "d2t_shift_in" in block._cached_graph[1].tojson()
     for x, y in zip(*results):
         assert (x == y).all()
+
+
+def test_private_dir_is_created_0700_and_refused_when_others_could_plant_a_library(tmp_path):
+    import stat
+    fresh = str(tmp_path / "fresh")
+    assert kernels.private_dir(fresh) == fresh and kernels.private_dir(fresh) == fresh
+    assert stat.S_IMODE(os.lstat(fresh).st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # anyone may write in it
+    with pytest.raises(RuntimeError, match=r"writable by other users \(mode 777\)"):
+        kernels.private_dir(str(shared))
+    os.symlink(fresh, tmp_path / "link")  # a link, even to a good directory
+    with pytest.raises(RuntimeError, match="is not a directory of this user"):
+        kernels.private_dir(str(tmp_path / "link"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RuntimeError, match="is not a directory of this user"):
+        kernels.private_dir(str(tmp_path / "file"))
+
+
+def test_unwritable_cache_falls_back_to_a_private_temporary_dir_or_mxnet(tmp_path, monkeypatch):
+    """A cache that cannot be written: the kernels go to this user's 0700 directory under the
+    temporary one; if that one is not private, nothing is loaded from it (one warning line,
+    MXNet's operators)."""
+    import tempfile
+    import warnings
+    monkeypatch.setenv("D2L_TRANSFORMER_CACHE", str(tmp_path / "readonly"))
+    monkeypatch.setattr(kernels.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    private = tmp_path / f"d2l_transformer-{os.getuid()}"
+    assert os.path.dirname(kernels.library_path()) == str(private)
+    assert (os.lstat(private).st_mode & 0o777) == 0o700
+    os.chmod(private, 0o777)  # as if another user had made it
+    monkeypatch.setattr(kernels, "_state", dict(kernels._state, loaded=None))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert kernels.load() is False
+    assert len(caught) == 1 and "writable by other users" in str(caught[0].message)
+    assert os.listdir(private) == []  # nothing was built or loaded there

@@ -17,11 +17,14 @@ A model directory holds::
 Saving is atomic and durable (`atomic.write_dir`): every file is fsynced into a new versioned
 sibling directory, and the model path, a symbolic link, is switched to it with one rename, so
 the path always names a complete model, the previous one or the new one, even if the save is
-interrupted; leftovers of an interrupted save are removed by the next one. Loading checks the
-manifest, then the shapes of the parameters against the model the config and vocabularies
-build; any mismatch is one line.
+interrupted; leftovers of an interrupted save are removed by the next one. A save replaces a
+model directory only (`is_model_dir`), never a directory or file it did not write. Loading
+resolves the path once and reads every file from that version (the previous version stays
+on disk until the next save is complete), checks the manifest, then the shapes of the
+parameters against the model the config and vocabularies build; any mismatch is one line.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -35,7 +38,7 @@ from ..data.tokenize import TokenizerError
 from ..data.tokenize import load_tokenizer as _load_tokenizer
 from ..model import build_model
 from . import atomic
-from .manifest import ManifestError, build_manifest, check_manifest
+from .manifest import MANIFEST, ManifestError, build_manifest, read_checked
 
 PARAMS, SRC_VOCAB, TGT_VOCAB = "params.params", "src_vocab.json", "tgt_vocab.json"
 CONFIG, SUMMARY, TRAINER = "config.json", "summary.json", "trainer.states"
@@ -48,6 +51,18 @@ class CheckpointError(ValueError):
 def _write(path, write):
     """``write(tmp_path)``, fsynced and renamed onto `path`: the file appears whole or not at all."""
     atomic.write_file(path, write)
+
+
+def _save_parameters(model, path):
+    """``model.save_parameters(path)``; MXNet's C++ writer reports a failed write (disk full,
+    file size limit) as an MXNetError: it becomes the OSError it is, naming the file."""
+    try:
+        model.save_parameters(path)
+    except mx.base.MXNetError as e:
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        cause = lines[-1].rsplit(": ", 1)[-1] if lines else "write failed"
+        raise OSError(errno.EIO, f"cannot write the parameters ({cause}; disk full or file "
+                                 "size limit?)", path) from None
 
 
 def _write_bytes(path, data):
@@ -82,16 +97,32 @@ def _link_or_copy(src, dst):
         shutil.copy2(src, dst)
 
 
+def is_model_dir(path):
+    """True when `path` (a directory, or a link to one) holds a model directory this package
+    wrote, in the current layout or an older one: a config.json and a manifest.json that lists
+    the size and SHA-256 of config.json and params.params, as `save` writes it."""
+    real = atomic.resolve_dir(path)
+    try:
+        with open(os.path.join(real, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and os.path.isfile(os.path.join(real, CONFIG)) and all(
+        isinstance(manifest.get(name), dict) and {"bytes", "sha256"} <= set(manifest[name])
+        for name in (CONFIG, PARAMS))
+
+
 def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None, tokenizer=None,
          *, keep=()):
-    """Write the model directory `directory` atomically (replacing an existing one).
-    ``tokenizer``: its files (the sentencepiece models of a subword tokenizer) are kept too.
-    ``keep``: names of model directories inside the existing `directory` (``best``,
-    ``average``) that the new version keeps (outside the manifest: each has its own)."""
+    """Write the model directory `directory` atomically (replacing an existing model directory,
+    never anything else: `atomic.NotReplaceable`, see `is_model_dir`). ``tokenizer``: its
+    files (the sentencepiece models of a subword tokenizer) are kept too. ``keep``: names of
+    model directories inside the existing `directory` (``best``, ``average``) that the new
+    version keeps (outside the manifest: each has its own)."""
     old = atomic.resolve_dir(directory) if keep else None
 
     def fill(tmp_dir):
-        _write(os.path.join(tmp_dir, PARAMS), model.save_parameters)
+        _write(os.path.join(tmp_dir, PARAMS), lambda tmp: _save_parameters(model, tmp))
         for name, data in (tokenizer.files() if tokenizer is not None else {}).items():
             _write(os.path.join(tmp_dir, name), lambda tmp, data=data: _write_bytes(tmp, data))
         for name, vocab in ((SRC_VOCAB, src_vocab), (TGT_VOCAB, tgt_vocab)):
@@ -105,24 +136,58 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
         if old is not None and os.path.isdir(old):
             for name in keep:
                 _carry(old, tmp_dir, name)
-    return atomic.write_dir(directory, fill)
+    return atomic.write_dir(directory, fill, replaceable=is_model_dir)
 
 
-def _read_json(directory, name):
-    try:
-        with open(os.path.join(directory, name), encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"model directory {directory} has no {name}") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"model directory {directory}: cannot read {name}: {e}") from None
+class _Dir:
+    """A model directory as one reader sees it: `real`, the version resolved once
+    (`atomic.resolve_dir`), where every file is read; `shown`, the path the user gave, in
+    messages; `blobs`, once `verify` ran, the bytes of every file the manifest lists."""
 
+    def __init__(self, directory):
+        self.shown = os.path.abspath(directory)
+        self.real = atomic.resolve_dir(directory)
+        self.blobs = {}
+        if not os.path.isdir(self.real):
+            raise CheckpointError(f"model directory {self.shown} does not exist")
 
-def _check_manifest(directory):
-    try:
-        check_manifest(directory)
-    except ManifestError as e:
-        raise CheckpointError(f"model directory {directory}: {e}") from None
+    def path(self, name):
+        return os.path.join(self.real, name)
+
+    def read_json(self, name):
+        try:
+            if name in self.blobs:
+                return json.loads(self.blobs[name].decode("utf-8"))
+            with open(self.path(name), encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise CheckpointError(f"model directory {self.shown} has no {name}") from None
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"model directory {self.shown}: cannot read {name}: "
+                                  f"{str(e).replace(self.real, self.shown)}") from None
+
+    def verify(self):
+        """Read every file the manifest lists, once, into `blobs`, checking its size and
+        SHA-256: what is parsed afterwards is what was checked, all of one version."""
+        for name, entry in self.read_json(MANIFEST).items():
+            try:
+                data = read_checked(self.real, name, entry)
+            except ManifestError as e:
+                raise CheckpointError(f"model directory {self.shown}: {e}") from None
+            self.blobs[name] = data
+
+    def config(self):
+        try:
+            return TransformerConfig.from_json(json.dumps(self.read_json(CONFIG)))
+        except CheckpointError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"model directory {self.shown}: {CONFIG}: {e}") from None
+
+    def vanished(self):
+        """True when this version was removed while it was read (two saves completed
+        meanwhile): read the directory again."""
+        return self.real != self.shown and not os.path.isdir(self.real)
 
 
 def _built_shapes(model, ctxs):
@@ -134,75 +199,90 @@ def _built_shapes(model, ctxs):
     return {name: p.shape for name, p in model._collect_params_with_prefix().items()}
 
 
+def _retrying(read, directory, attempts=3):
+    """``read(_Dir(directory))``, again on a fresh resolution if the version it read was
+    removed meanwhile (a reader slower than two saves)."""
+    for attempt in range(attempts):
+        d = _Dir(directory)
+        try:
+            return read(d)
+        except (CheckpointError, OSError, mx.base.MXNetError):
+            if attempt == attempts - 1 or not d.vanished():
+                raise
+
+
 def load_config(directory):
     """The TransformerConfig saved in a model directory (CheckpointError if unreadable)."""
-    directory = atomic.resolve_dir(directory)
-    if not os.path.isdir(directory):
-        raise CheckpointError(f"model directory {directory} does not exist")
+    return _retrying(_Dir.config, directory)
+
+
+def _load(d, ctxs):
+    d.verify()
+    cfg = d.config()
     try:
-        return TransformerConfig.from_json(json.dumps(_read_json(directory, CONFIG)))
-    except CheckpointError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"model directory {directory}: {CONFIG}: {e}") from None
+        src_vocab = Vocab.from_dict(d.read_json(SRC_VOCAB))
+        tgt_vocab = Vocab.from_dict(d.read_json(TGT_VOCAB))
+    except (TypeError, KeyError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"model directory {d.shown}: {e}") from None
+    summary = d.read_json(SUMMARY)
+    model = build_model(cfg, len(src_vocab), len(tgt_vocab))
+    expected = _built_shapes(model, ctxs)
+    if PARAMS not in d.blobs:
+        raise CheckpointError(f"model directory {d.shown}: its {MANIFEST} does not list {PARAMS}")
+    try:  # the checked bytes, parsed in memory: no second read, no temporary file
+        saved = mx.nd.load_frombuffer(d.blobs[PARAMS])
+    except mx.base.MXNetError:
+        raise CheckpointError(f"model directory {d.shown}: {PARAMS} is not a parameter "
+                              "file") from None
+    trainable = {k: v for k, v in expected.items() if not k.endswith(".P")}  # P: constants
+    for name in sorted(set(trainable) | set(saved)):
+        if name.endswith(".P"):
+            continue
+        shape = saved[name].shape if name in saved else None
+        if trainable.get(name) != shape:
+            raise CheckpointError(
+                f"model directory {d.shown}: parameter {name} is {shape} in {PARAMS} "
+                f"but {trainable.get(name)} for {CONFIG} and the vocabularies "
+                f"({len(src_vocab)} source, {len(tgt_vocab)} target tokens)")
+    params = model._collect_params_with_prefix()  # what `load_parameters` fills, by name
+    for name, array in saved.items():
+        if name in params:
+            params[name].set_data(array.as_np_ndarray())  # onto every context of `ctxs`
+    return model, src_vocab, tgt_vocab, cfg, summary
 
 
 def load(directory, ctx=None):
     """``(model, src_vocab, tgt_vocab, cfg, summary)`` from a model directory.
 
-    Raises CheckpointError (one line) for a missing directory or file, a damaged or truncated
-    file, or parameters that do not fit the model built from config.json and the vocabularies.
-    ``ctx``: a context or a list of them (the parameters are loaded onto each).
+    Every file comes from one version (resolved once, `atomic.resolve_dir`, each file read
+    once and checked against the manifest), even while a training run saves the directory
+    again. Raises CheckpointError (one line) for a missing
+    directory or file, a damaged or truncated file, or parameters that do not fit the model
+    built from config.json and the vocabularies. ``ctx``: a context or a list of them (the
+    parameters are loaded onto each).
     """
     ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx or mx.cpu()]
-    directory = atomic.resolve_dir(directory)
-    if not os.path.isdir(directory):
-        raise CheckpointError(f"model directory {directory} does not exist")
-    _check_manifest(directory)
-    cfg = load_config(directory)
-    try:
-        src_vocab = Vocab.from_dict(_read_json(directory, SRC_VOCAB))
-        tgt_vocab = Vocab.from_dict(_read_json(directory, TGT_VOCAB))
-    except (TypeError, KeyError, ValueError) as e:
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(f"model directory {directory}: {e}") from None
-    summary = _read_json(directory, SUMMARY)
-    model = build_model(cfg, len(src_vocab), len(tgt_vocab))
-    expected = _built_shapes(model, ctxs)
-    params_path = os.path.join(directory, PARAMS)
-    try:
-        saved = {name: arr.shape for name, arr in mx.nd.load(params_path).items()}
-    except mx.base.MXNetError:
-        raise CheckpointError(f"model directory {directory}: {PARAMS} is not a parameter file") from None
-    trainable = {k: v for k, v in expected.items() if not k.endswith(".P")}  # P: constants
-    for name in sorted(set(trainable) | set(saved)):
-        if name.endswith(".P"):
-            continue
-        if trainable.get(name) != saved.get(name):
-            raise CheckpointError(
-                f"model directory {directory}: parameter {name} is {saved.get(name)} in {PARAMS} but "
-                f"{trainable.get(name)} for {CONFIG} and the vocabularies "
-                f"({len(src_vocab)} source, {len(tgt_vocab)} target tokens)")
-    model.load_parameters(params_path, ctx=ctxs, allow_missing=True)
-    return model, src_vocab, tgt_vocab, cfg, summary
+    return _retrying(lambda d: _load(d, ctxs), directory)
 
 
 def load_tokenizer(directory, cfg=None):
     """The tokenizer the model in `directory` was trained with (`data.load_tokenizer`), checked
     against its vocabularies; CheckpointError (one line) when it is missing or does not fit."""
-    directory = atomic.resolve_dir(directory)
-    cfg = cfg or load_config(directory)
-    try:
-        tok = _load_tokenizer(directory, cfg)
-    except TokenizerError as e:
-        raise CheckpointError(f"model directory {directory}: {e}") from None
-    if tok.kind == "subword":
-        for name, vocab in ((SRC_VOCAB, tok.src_vocab()), (TGT_VOCAB, tok.tgt_vocab())):
-            if _read_json(directory, name).get("idx_to_token") != vocab.idx_to_token:
-                raise CheckpointError(f"model directory {directory}: {name} is not the vocabulary "
-                                      "of its sentencepiece model")
-    return tok
+    def read(d):
+        try:
+            tok = _load_tokenizer(d.real, cfg or d.config())
+        except TokenizerError as e:
+            raise CheckpointError(f"model directory {d.shown}: "
+                                  f"{str(e).replace(d.real, d.shown)}") from None
+        if tok.kind == "subword":
+            for name, vocab in ((SRC_VOCAB, tok.src_vocab()), (TGT_VOCAB, tok.tgt_vocab())):
+                if d.read_json(name).get("idx_to_token") != vocab.idx_to_token:
+                    raise CheckpointError(f"model directory {d.shown}: {name} is not the "
+                                          "vocabulary of its sentencepiece model")
+        return tok
+    return _retrying(read, directory)
 
 
 def load_trainer_states(directory, trainer):

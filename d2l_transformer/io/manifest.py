@@ -11,6 +11,7 @@ Two layouts, one function each way:
 `build_manifest` writes either (atomically, `atomic.write_text`); `check_manifest` reads either.
 """
 
+import hashlib
 import json
 import os
 
@@ -59,20 +60,33 @@ def read_manifest(directory):
     return manifest
 
 
+def read_checked(directory, name, entry):
+    """The bytes of the file `name` of `directory`, read once and checked against its manifest
+    `entry` (size and SHA-256): what a caller parses afterwards is what was checked.
+    ManifestError when it is missing, damaged or truncated."""
+    try:
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ManifestError(f"{name} is missing") from None
+    try:
+        saved, digest = entry["bytes"], entry["sha256"]
+    except (TypeError, KeyError):
+        raise ManifestError(f"{MANIFEST} is malformed at {name}") from None
+    if len(data) != saved or hashlib.sha256(data).hexdigest() != digest:
+        raise ManifestError(f"{name} is damaged or truncated ({len(data)} bytes, saved {saved})")
+    return data
+
+
+def entries_of(manifest):
+    """The ``{file name: {"bytes", "sha256"}}`` part of a manifest of either layout."""
+    return manifest["files"] if "format" in manifest else manifest
+
+
 def check_manifest(directory):
     """Check every file the manifest of `directory` lists (either layout); returns the
     manifest. ManifestError names the first missing, damaged or truncated file."""
     manifest = read_manifest(directory)
-    entries = manifest["files"] if "format" in manifest else manifest
-    for name, entry in entries.items():
-        path = os.path.join(directory, name)
-        if not os.path.exists(path):
-            raise ManifestError(f"{name} is missing")
-        try:
-            size, saved = os.path.getsize(path), entry["bytes"]
-            good = size == saved and atomic.sha256(path) == entry["sha256"]
-        except (TypeError, KeyError):
-            raise ManifestError(f"{MANIFEST} is malformed at {name}") from None
-        if not good:
-            raise ManifestError(f"{name} is damaged or truncated ({size} bytes, saved {saved})")
+    for name, entry in entries_of(manifest).items():
+        read_checked(directory, name, entry)
     return manifest

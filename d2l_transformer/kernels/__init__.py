@@ -17,10 +17,12 @@ Same functions, same parameters; values equal MXNet's to float32 rounding
 (tests/test_kernels.py).
 
 How it is used: `load()` compiles the library once per MXNet install into a cache directory
-(``$D2L_TRANSFORMER_CACHE`` or ``~/.cache/d2l_transformer``, else a directory under the
-temporary one if that is not writable; ~10 s with ``c++``/``$CXX``) and
-loads it. Graphs traced inside ``with fused(ctx):`` — the fast training step and the cached
-greedy step do this — use the kernels when `ctx` is a CPU; everything else (imperative calls,
+(``$D2L_TRANSFORMER_CACHE`` or ``~/.cache/d2l_transformer``; if that is not writable, this
+user's private directory under the temporary one, `private_dir`: created mode 0700, and used
+only while it is a real directory owned by this user that no one else can write, since the
+library found there is loaded into the process; ~10 s with ``c++``/``$CXX``) and loads it.
+Graphs traced inside ``with fused(ctx):`` — the fast training step and the cached greedy step
+do this — use the kernels when `ctx` is a CPU; everything else (imperative calls,
 the faithful path, ``--exact-chapter``, GPU contexts, graphs a user hybridizes) runs MXNet's own
 operators. No compiler, a failed build or ``D2L_TRANSFORMER_KERNELS=0``: MXNet's operators
 (after a one-line warning when the build fails), the same numbers, only slower.
@@ -30,6 +32,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -56,6 +59,26 @@ def _mxnet_dir():
     return os.path.dirname(os.path.abspath(mx.__file__))
 
 
+def private_dir(path):
+    """`path`, a directory only this user can write: created with mode 0700 if missing; an
+    existing one must be a directory (not a symbolic link) owned by this user and writable by
+    no other (`os.lstat`). Else RuntimeError (one line): another local user could have put a
+    library there for `load` to run."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeError(f"{path} is not a directory of this user (a link or a file); "
+                           "not used for the kernel cache")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise RuntimeError(f"{path} belongs to user id {st.st_uid}, not to this user; "
+                           "not used for the kernel cache")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeError(f"{path} is writable by other users (mode "
+                           f"{stat.S_IMODE(st.st_mode):o}); not used for the kernel cache")
+    return path
+
+
 def library_path():
     """Where the compiled library for this source and this MXNet install lives."""
     key = hashlib.sha1(mx.__version__.encode() + _mxnet_dir().encode() + " ".join(FLAGS).encode())
@@ -69,8 +92,9 @@ def library_path():
         writable = os.access(cache, os.W_OK)
     except OSError:
         writable = False
-    if not writable:  # a read-only home: this user's directory under the temporary directory
-        cache = os.path.join(tempfile.gettempdir(), f"d2l_transformer-{os.getuid()}")
+    if not writable:  # a read-only home: this user's private directory under the temporary one
+        user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+        cache = private_dir(os.path.join(tempfile.gettempdir(), f"d2l_transformer-{user}"))
     return os.path.join(cache, f"libd2t_kernels-{key.hexdigest()[:12]}.so")
 
 

@@ -70,6 +70,36 @@ class ProgressBar:
         self.bar.close()
 
 
+def check_out_dir(out_dir, *, resume=False, overwrite=False):
+    """Refuse (RunError, one line, before anything is written) a model directory a run may
+    not write: a file; a directory that is not a model directory this package wrote
+    (`checkpoint.is_model_dir`; an empty one is fine, the current directory never); a model
+    directory unless the run continues it (``resume``) or replaces it (``overwrite``), as
+    Sockeye's ``--output`` does. A missing path is fine."""
+    if out_dir is None:
+        return
+    if resume and overwrite:
+        raise RunError("--resume continues the model in the directory, --overwrite replaces "
+                       "it: give one of them")
+    path = os.path.abspath(out_dir)
+    if checkpoint.is_model_dir(path):
+        if not (resume or overwrite):
+            raise RunError(f"{out_dir} already holds a trained model: give --resume to continue "
+                           "it, --overwrite to replace it, or another --out")
+        return
+    if resume:
+        return  # the load says what is wrong with the directory
+    try:
+        checkpoint.atomic.check_replaceable(path)
+    except checkpoint.atomic.NotReplaceable:
+        what = "a directory that is not a model directory" if os.path.isdir(path) else "a file"
+        raise RunError(f"{out_dir} is {what}; training writes a model directory only into a "
+                       "new or empty directory (nothing was changed)") from None
+    if os.path.isdir(path) and os.path.realpath(path) == os.path.realpath(os.getcwd()):
+        raise RunError(f"{out_dir} is the current directory: give a subdirectory for the "
+                       "model directory")
+
+
 def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=False,
               tokenizer=None):
     """``(src_vocab, tgt_vocab, train_iter, tokenizer)`` for `cfg`: the chapter's pairs
@@ -101,7 +131,7 @@ def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
 
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
                 data_path=None, checkpoint_every=1, progress=True, preset=None, stop_after=None,
-                log=None, valid_every=None, patience=None, average_last=None):
+                log=None, valid_every=None, patience=None, average_last=None, overwrite=False):
     """Train `cfg` from seed `seed` and return its summary (what summary.json holds).
 
     The one way a chapter run trains: seed everything with `seed`, load the data, build the
@@ -122,7 +152,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     ``ctx``: a context or a list (data parallel). ``kvstore``: a name or a dist kvstore
     (`create_kvstore`); with several workers only rank 0 writes and translates. ``out_dir``:
     the model directory, saved every ``checkpoint_every`` epochs and at the end (None: not
-    saved); ``resume``: continue the run saved there. ``progress``: a `ProgressBar` on stderr.
+    saved); ``resume``: continue the run saved there; ``overwrite``: replace the model saved
+    there (without either, an existing model directory is refused: `check_out_dir`, which also
+    refuses any directory that is not a model directory). ``progress``: a `ProgressBar` on stderr.
     ``log``: where the one-line status messages go (stderr). ``stop_after`` (tests of resume):
     raise `TrainingStopped` after that epoch's checkpoint, as if the run had been killed.
 
@@ -138,6 +170,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     Raises RunError or CheckpointError (one line) for a run that cannot start as asked.
     """
     log = log or sys.stderr
+    check_out_dir(out_dir, resume=resume, overwrite=overwrite)
     ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
     fast = fast and not cfg.exact_chapter  # the book's bugs live in the imperative code
     if resume and out_dir is None:

@@ -78,5 +78,5 @@ def export(model_dir, out_dir, ctx=None, *, format=DEFAULT_FORMAT, quantization=
             extra = _mxnet.write(source, tmp, ctx)
         written["manifest"] = build_manifest(tmp, extra)
 
-    atomic.write_dir(out_dir, fill)
+    atomic.write_dir(out_dir, fill, replaceable=is_export)  # never anything but an export
     return written["manifest"]

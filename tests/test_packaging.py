@@ -1,0 +1,112 @@
+"""The package as `pip install '.[cpu]'` (not editable) gives it: every subpackage in the
+wheel, nothing hidden from git by .gitignore, and the console script trains from a fresh venv
+outside the source tree."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "d2l_transformer")
+SOURCE_SUFFIXES = (".py", ".cc", ".h", ".html")  # the modules and their package data
+
+
+def _git(*args):
+    return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=60)
+
+
+def _in_git_checkout():
+    return shutil.which("git") is not None and _git("rev-parse", "--git-dir").returncode == 0
+
+
+def _source_files():
+    """The package's files on disk, relative to the root (no caches)."""
+    found = []
+    for d, dirs, names in os.walk(PACKAGE):
+        dirs[:] = [n for n in dirs if n != "__pycache__"]
+        found += [os.path.relpath(os.path.join(d, n), ROOT).replace(os.sep, "/")
+                  for n in names if n.endswith(SOURCE_SUFFIXES)]
+    return sorted(found)
+
+
+def test_no_package_file_is_hidden_from_git():
+    """A pattern of .gitignore (``dist/`` once hid ``d2l_transformer/dist/``) must match no file
+    of the package: such a file is never committed, and a clean checkout lacks it."""
+    if not _in_git_checkout():
+        pytest.skip("not a git checkout")
+    ignored = _git("ls-files", "--others", "--ignored", "--exclude-standard", "--",
+                   "d2l_transformer").stdout.split()
+    assert [f for f in ignored if f.endswith(SOURCE_SUFFIXES)] == []
+    tracked = set(_git("ls-files", "--", "d2l_transformer").stdout.split())
+    untracked = set(_git("ls-files", "--others", "--exclude-standard", "--",
+                         "d2l_transformer").stdout.split())
+    assert set(_source_files()) <= tracked | untracked  # committed, or committable as they are
+
+
+def _checkout(dst):
+    """The files a clean checkout has (tracked, or not ignored) that building needs: the top
+    level and the package."""
+    if _in_git_checkout():
+        files = _git("ls-files", "--cached", "--others", "--exclude-standard").stdout.split()
+    else:
+        files = [f for f in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, f))]
+        files += _source_files()
+    for rel in files:
+        if ("/" not in rel or rel.startswith("d2l_transformer/")) and \
+                os.path.isfile(os.path.join(ROOT, rel)):
+            os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, rel), os.path.join(dst, rel))
+
+
+def _run(cmd, **kwargs):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, **kwargs)
+    assert r.returncode == 0, f"{cmd}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.mark.slow
+def test_wheel_installs_in_a_fresh_venv_and_trains_outside_the_tree(tmp_path):
+    data = os.path.join(ROOT, "data", "fra-eng.zip")
+    if not os.path.exists(data):
+        pytest.skip(f"no dataset at {data}")
+    src, wheels, venv, work = (tmp_path / n for n in ("src", "wheels", "venv", "work"))
+    _checkout(src)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+          "-w", str(wheels), str(src)])
+    (wheel,) = wheels.glob("d2l_transformer-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    missing = [f for f in _source_files() if f not in names]
+    assert missing == [], f"not in the wheel: {missing}"
+
+    # a fresh venv: the wheel itself (not editable), and the dependencies of this venv visible
+    # through a path line in a .pth, which does not run that directory's own .pth files (the
+    # editable install's finder)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    python = str(venv / "bin" / "python")
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
+          "--no-index", str(wheel)])
+    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    with open(os.path.join(site.stdout.strip(), "shared_dependencies.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["D2L_TRANSFORMER_DATA"] = data
+    where = _run([python, "-c", "import d2l_transformer; print(d2l_transformer.__file__)"],
+                 cwd=work, env=env).stdout.strip()
+    assert where.startswith(str(venv)), where  # the installed copy, not the source tree
+
+    script = str(venv / "bin" / "d2l-transformer")
+    assert "train" in _run([script, "--help"], cwd=work, env=env).stdout
+    r = _run([script, "train", "--preset", "tiny", "--epochs", "1", "--ctx", "cpu", "--quiet",
+              "--out", str(work / "m")], cwd=work, env=env)
+    assert "Go . => " in r.stdout
+    r = _run([script, "translate", "--model", str(work / "m"), "go ."], cwd=work, env=env)
+    assert len(r.stdout.splitlines()) == 1
+    # nothing written beside the model directory and its versions
+    assert [n for n in os.listdir(work) if not n.startswith(".m.v-")] == ["m"]
