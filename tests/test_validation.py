@@ -3,6 +3,7 @@ model kept as OUT/best, early stopping, OUT/average (the average of the last epo
 
 import json
 import os
+import shutil
 
 import mxnet as mx
 import pytest
@@ -128,3 +129,16 @@ def test_valid_every_and_the_chapter_preset(tmp_path, capsys):
     assert cli.main(["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--epochs", "1",
                      "--max-pairs", "100", "--out", str(tmp_path / "c")]) == 0
     assert "validation" not in _summary(str(tmp_path / "c"))
+
+
+def test_overwrite_drops_the_replaced_runs_best_and_average(run, tmp_path):
+    """--overwrite replaces the whole model: the replaced run's OUT/best and OUT/average are not
+    carried into the new run's directory (a resumed run keeps them)."""
+    out = str(tmp_path / "m")
+    shutil.copytree(os.path.realpath(run), out)  # a copy of the validated run, with best/ and average/
+    assert os.path.isdir(os.path.join(out, "best")) and os.path.isdir(os.path.join(out, "average"))
+    assert cli.main(TRAIN + ["--epochs", "1", "--valid-every", "0", "--out", out,
+                             "--overwrite"]) == 0
+    assert _summary(out)["epochs_done"] == 1 and "validation" not in _summary(out)
+    assert not os.path.exists(os.path.join(out, "best"))
+    assert not os.path.exists(os.path.join(out, "average"))

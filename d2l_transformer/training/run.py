@@ -240,9 +240,12 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
           + (f"; model directory {out_dir}" if out_dir else ""), file=log)
     tic = [time.time()]
 
+    carry = [resume]  # OUT/best and OUT/average of a model this run replaces are not its own
+
     def save():
         checkpoint.save(out_dir, model, src_vocab, tgt_vocab, cfg, summary, trainer, tokenizer,
-                        keep=SUBMODELS)
+                        keep=SUBMODELS if carry[0] else ())
+        carry[0] = True
 
     def save_sub(name, **extra):  # OUT/best, OUT/average: model directories of their own
         path = os.path.join(out_dir, name)
