@@ -184,7 +184,8 @@ def _trained_model(s, params_path):
     sentences = []
     for X, X_vlen, _, _ in it:  # the training sentences, without their <eos>
         for row, n in zip(X.asnumpy().tolist(), X_vlen.asnumpy().tolist()):
-            sentences.append(" ".join(src_vocab.to_tokens([int(t) for t in row[:int(n) - 1]])))
+            if n > 1:  # not an empty one (the translator refuses those, `inference.limits`)
+                sentences.append(" ".join(src_vocab.to_tokens([int(t) for t in row[:int(n) - 1]])))
     return model, src_vocab, tgt_vocab, sentences
 
 

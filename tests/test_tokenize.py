@@ -129,7 +129,7 @@ def test_subword_model_directory_translates_raw_text(full_dir, capsys):
     assert captured.err == "" and len(captured.out.split("\n")) == 3  # two lines, both translated
     assert "<unk>" not in captured.out
     assert cli.main(["translate", "--model", full_dir, "Go.", ""]) == 1
-    assert capsys.readouterr().err.strip() == "error: argument 2: empty line; skipped"
+    assert capsys.readouterr().err.strip() == "error: argument 2: empty sentence; skipped"
 
 
 def test_damaged_sentencepiece_model_is_one_line(full_dir, tmp_path, capsys):
