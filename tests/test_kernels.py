@@ -552,3 +552,58 @@ def test_shift_in_equals_slice_and_concatenate():
             assert "d2t_shift_in" in block._cached_graph[1].tojson()
     for x, y in zip(*results):
         assert (x == y).all()
+
+
+class _TakeShiftIn(nn.HybridBlock):
+    def hybrid_forward(self, F, new, cache, rows):
+        if kernels.active():
+            return kernels.take_shift_in(F, new, cache, rows)
+        cache = F.np.take(cache, rows.astype("int32"), axis=0)  # (rows, L, hidden)
+        return F.np.concatenate([new, cache[:, :-1]], axis=1)
+
+
+@needs_kernels
+def test_take_shift_in_equals_take_slice_and_concatenate():
+    """Beam search's cache update (each beam row continues its parent's cache, then takes the
+    new position in front) in one copy: value and gradients equal MXNet's take + slice +
+    concatenate, bit for bit, with rows repeated and rows left out."""
+    rng = onp.random.RandomState(0)
+    new, cache = rng.randn(6, 1, 8).astype("float32"), rng.randn(6, 7, 8).astype("float32")
+    head = rng.randn(6, 7, 8).astype("float32")
+    rows = onp.array([0, 0, 3, 5, 5, 5], "float32")
+    results = []
+    for fused in (False, True):
+        block = _TakeShiftIn()
+        block.hybridize()
+        a, b = np.array(new), np.array(cache)
+        a.attach_grad()
+        b.attach_grad()
+        with autograd.record(), (kernels.fused(mx.cpu()) if fused else contextlib.nullcontext()):
+            out = block(a, b, np.array(rows))
+        out.backward(np.array(head))
+        results.append([out.asnumpy(), a.grad.asnumpy(), b.grad.asnumpy()])
+        if fused:
+            assert "d2t_take_shift_in" in block._cached_graph[1].tojson()
+    expected = onp.concatenate([new, cache[rows.astype(int)][:, :-1]], axis=1)
+    assert (results[1][0] == expected).all()
+    for x, y in zip(*results):
+        assert onp.allclose(x, y, rtol=0, atol=1e-6)  # gradients: sums in another order
+
+
+@needs_kernels
+def test_row_topk_equals_numpy_repeated_argmax():
+    """The beam step's ranking on the device equals the translator's NumPy ranking
+    (`_row_top_k`: repeated argmax, ties to the lower id) on rows with ties and masked ids."""
+    from d2l_transformer.inference.translator import _row_top_k
+    rng = onp.random.RandomState(0)
+    for rows, V, k in [(64, 500, 4), (8, 7, 5), (5, 10, 10)]:
+        x = rng.randn(rows, V).astype("float32")
+        x[:, 3] = x[:, 5]  # a tie between ids 3 and 5
+        x[0] = 0.5  # a row of ties
+        x[1, : V // 2] = x[1, V // 2:2 * (V // 2)]  # every value twice
+        bias = onp.zeros((1, V), "float32")
+        bias[0, [0, 2]] = -1e18  # masked ids, as the translator's bias row
+        top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.array(bias), k=k).asnumpy()
+        values, ids = _row_top_k(x + bias, k)
+        assert top.shape == (rows, 2 * k)
+        assert (top[:, :k] == values).all() and (top[:, k:].astype("int64") == ids).all()

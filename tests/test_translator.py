@@ -61,7 +61,8 @@ def test_greedy_update_is_the_beam_update_of_one_beam():
         ids = log_probs.argmax(axis=1)[:, None]  # what the device picks: (6, 1)
         greedy = translator_module._greedy_update(
             ids, onp.take_along_axis(log_probs, ids, axis=1), scores, alive, prev_lp, lp)
-        beam = translator_module._beam_update(log_probs.copy(), scores, alive, 1, prev_lp, lp)
+        values, top = translator_module._row_top_k(log_probs.copy(), 1)  # (6, 1) each
+        beam = translator_module._beam_update(values, top, scores, alive, 1, prev_lp, lp)
         assert (beam[2] == 0).all()  # one beam: every parent is beam 0
         for x, y in zip(greedy, beam[:2]):
             assert x.dtype == y.dtype and x.shape == y.shape and (x == y).all(), (x, y)

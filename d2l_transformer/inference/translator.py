@@ -40,6 +40,7 @@ import functools
 import warnings
 import weakref
 
+import mxnet as mx
 import numpy as onp
 from mxnet import np
 from mxnet.gluon import nn
@@ -95,21 +96,26 @@ def _graph(model, key, build, static=True):
 
 class _BeamStep(nn.HybridBlock):
     """`DecoderStep` with the self-attention caches first reordered to follow their beams:
-    ``(control (B*k, 2), position, enc_valid_length, *caches) -> (log_probs, *self_caches)``;
-    control holds each row's token and the row of the old caches it continues (one upload)."""
+    ``(control (B*k, 2), position, enc_valid_length, bias (1, V), *caches) -> (top, *self_caches)``;
+    control holds each row's token and the row of the old caches it continues (one upload).
+    With the fused kernels (a CPU), the caches are taken and shifted in one copy and `top` is
+    each row's `k` best entries of ``log_probs + bias``, (B*k, 2k): values, then ids as floats
+    (`kernels.row_topk`), so that the host reads (B*k, 2k) numbers, not (B*k, V); otherwise
+    `top` is ``log_probs + bias`` (B*k, V) and the host ranks it (`_row_top_k`, the same
+    result)."""
 
-    def __init__(self, decoder, **kwargs):
+    def __init__(self, decoder, k, **kwargs):
         super().__init__(**kwargs)
-        self.step = DecoderStep(decoder)
+        self.step = DecoderStep(decoder, reorder=True)
+        self.k = k
 
-    def hybrid_forward(self, F, control, position, enc_valid_length, *caches):
+    def hybrid_forward(self, F, control, position, enc_valid_length, bias, *caches):
         tokens = control[:, 0:1]  # (B*k, 1)
-        rows = control[:, 1].astype("int32")  # (B*k,)
-        caches = list(caches)
-        for i in range(0, len(caches), 4):  # self keys, self values; the encoder's stay
-            caches[i] = F.np.take(caches[i], rows, axis=0)  # (B*k, max_len, hidden)
-            caches[i + 1] = F.np.take(caches[i + 1], rows, axis=0)
-        return self.step(tokens, position, enc_valid_length, *caches)
+        rows = control[:, 1]  # (B*k,)
+        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
+        if F is mx.sym and kernels.active():
+            return (kernels.row_topk(F, log_probs, bias, self.k), *new_caches)  # (B*k, 2k)
+        return (log_probs + bias, *new_caches)  # (B*k, V) + (1, V)
 
 
 class _GreedyStep(nn.HybridBlock):
@@ -163,15 +169,16 @@ def _row_top_k(log_probs, k):
     return values, ids
 
 
-def _beam_update(log_probs, scores, alive, k, prev_lp, lp):
+def _beam_update(values, ids, scores, alive, k, prev_lp, lp):
     """One step of gluonnlp's ``_BeamSearchStepUpdate``, in float32 like its scorer.
 
-    log_probs: (B*k, V); scores: (B, k), length-normalised; alive: (B, k) bool. Returns
+    values, ids: each row's k best log-probabilities (B*k, k), best first, and their tokens
+    (`_row_top_k` or `kernels.row_topk`); scores: (B, k), length-normalised; alive: (B, k)
+    bool. Returns
     ``(scores, words, parents)``, each (B, k), best first: words is -1 where a finished beam
     keeps its place, parents the beam each new beam continues. Each live beam's k best tokens
     are the only ones of it that can be among its sentence's k best candidates."""
     B = scores.shape[0]
-    values, ids = _row_top_k(log_probs, k)  # (B*k, k)
     cand = (values.reshape(B, k, k) + (scores * prev_lp)[:, :, None]) / lp  # GNMT, (B, k, k)
     cand = onp.where(alive[:, :, None], cand, NEG)
     finished = onp.where(alive, NEG, scores)  # a finished beam competes with its score
@@ -324,7 +331,8 @@ class Translator:
     def _search(self, sentences, k, alpha, early_stop, n=1):
         """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1)."""
         model = self.model
-        step = _graph(model, ("beam step", self.ctx.device_type), lambda: _BeamStep(model.decoder))
+        step = _graph(model, ("beam step", k, self.ctx.device_type),
+                      lambda: _BeamStep(model.decoder, k))
         caches, valid_length, limits, steps = self._start(sentences, k)
         B, ctx = len(sentences), self.ctx
         scores = onp.full((B, k), NEG, dtype="float32")
@@ -337,13 +345,17 @@ class Translator:
         words, parents = [], []
         run = functools.partial(_run, step)  # the first step traces (or checks) the graph
         for t in range(1, steps + 1):
-            log_probs, *self_kv = run(control, positions[t - 1], valid_length, *caches)
+            top, *self_kv = run(control, positions[t - 1], valid_length, self._bias, *caches)
             if t == 1:  # then its operator runs with the weights looked up once (`_graphs.bound`)
                 run = _graphs.bound(step)
             caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
             prev_lp, lp = self._penalties(t, alpha)
-            scores, word, parent = _beam_update(log_probs.asnumpy() + self._bias_host, scores, alive,
-                                                k, prev_lp, lp)  # (B*k, V): the banned at -1e18
+            top = top.asnumpy()  # the banned tokens at -1e18
+            if kernels.active():  # ranked on the device (the graph was traced so): (B*k, 2k)
+                values, ids = top[:, :k], top[:, k:].astype("int64")
+            else:  # (B*k, V)
+                values, ids = _row_top_k(top, k)
+            scores, word, parent = _beam_update(values, ids, scores, alive, k, prev_lp, lp)
             alive = onp.take_along_axis(alive, parent, axis=1) & (word != self.eos) \
                 & (limits[:, None] > t)  # finished, or at the sentence's length limit
             words.append(word)
