@@ -607,3 +607,38 @@ def test_row_topk_equals_numpy_repeated_argmax():
         values, ids = _row_top_k(x + bias, k)
         assert top.shape == (rows, 2 * k)
         assert (top[:, :k] == values).all() and (top[:, k:].astype("int64") == ids).all()
+
+
+@needs_kernels
+def test_beam_update_equals_the_translators_numpy_update():
+    """The beam step's bookkeeping on the device (`d2t_beam_update`) equals the translator's
+    NumPy update (`_beam_update`, a stable sort of the candidates against the finished beams)
+    bit for bit: scores, words, parents, which beams live on, the next tokens and cache rows,
+    with finished beams, tied candidates, <eos> picks and sentences at their length limit."""
+    from d2l_transformer.inference.translator import NEG, Translator, _beam_update, _row_top_k
+    rng = onp.random.RandomState(0)
+    B, k, V, eos = 5, 3, 12, 2
+    for t in (1, 2, 6):
+        log_probs = onp.log(rng.dirichlet(onp.ones(V), size=B * k)).astype("float32")
+        log_probs[1] = log_probs[0]  # two beams with the same candidates: ties
+        scores = rng.uniform(-5, 0, size=(B, k)).astype("float32")
+        scores[0, 1:] = NEG if t == 1 else scores[0, 1:]
+        scores[2, 2] = scores[2, 0]  # a finished beam tied with a live one
+        alive = rng.rand(B, k) > 0.3
+        limits = onp.array([30, t, 30, t + 1, 30])
+        prev_lp, lp = Translator._penalties(t, 0.6)
+        values, ids = _row_top_k(log_probs.copy(), k)
+        new_scores, words, parents = _beam_update(values, ids, scores, alive, k, prev_lp, lp)
+        new_alive = onp.take_along_axis(alive, parents, axis=1) & (words != eos) \
+            & (limits[:, None] > t)
+        top = onp.concatenate([values, ids.astype("float32")], axis=1)  # (B*k, 2k)
+        state = onp.zeros((B, k, 6), "float32")
+        state[..., 0], state[..., 1] = scores, alive
+        info = onp.array([t, prev_lp, lp], "float32")
+        out = mx.nd.d2t_beam_update(mx.nd.array(top), mx.nd.array(state), mx.nd.array(info),
+                                    mx.nd.array(limits.astype("float32")), k=k, eos=eos).asnumpy()
+        assert (out[..., 0] == new_scores).all()
+        assert (out[..., 1] == new_alive).all()
+        assert (out[..., 2] == words).all() and (out[..., 3] == parents).all()
+        assert (out[..., 4] == onp.maximum(words, 0)).all()
+        assert (out[..., 5] == parents + onp.arange(0, B * k, k)[:, None]).all()

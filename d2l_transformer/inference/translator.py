@@ -118,6 +118,27 @@ class _BeamStep(nn.HybridBlock):
         return (log_probs + bias, *new_caches)  # (B*k, V) + (1, V)
 
 
+class _BeamUpdateStep(nn.HybridBlock):
+    """`_BeamStep` with the beams' bookkeeping on the device too (fused CPU kernels only):
+    ``(state (B, k, 6), position, enc_valid_length, bias (1, V), info (3,), limits (B,),
+    *caches) -> (state, *self_caches)``. state holds per beam its score, alive, word, parent,
+    next token and cache row (`kernels.beam_update`, the arithmetic of `_beam_update`); info
+    t, lp(t - 1), lp(t). Each step's state feeds the next step directly, so the host reads it
+    while the device runs the next step (`Translator._search`), as greedy decoding does."""
+
+    def __init__(self, decoder, k, eos, **kwargs):
+        super().__init__(**kwargs)
+        self.step = DecoderStep(decoder, reorder=True)
+        self.k, self.eos = k, eos
+
+    def hybrid_forward(self, F, state, position, enc_valid_length, bias, info, limits, *caches):
+        tokens = F.npx.reshape(state[:, :, 4:5], (-1, 1))  # (B, k, 1) -> (B*k, 1)
+        rows = F.npx.reshape(state[:, :, 5], (-1,))  # (B, k) -> (B*k,)
+        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
+        top = kernels.row_topk(F, log_probs, bias, self.k)  # (B*k, 2k)
+        return (kernels.beam_update(F, top, state, info, limits, self.k, self.eos), *new_caches)
+
+
 class _GreedyStep(nn.HybridBlock):
     """`DecoderStep` that also picks each row's best next token on the device:
     ``(tokens (B, 1), position, enc_valid_length, bias (1, V), *caches) -> (next (B, 1),
@@ -329,7 +350,10 @@ class Translator:
         return caches, valid_length, limits, steps
 
     def _search(self, sentences, k, alpha, early_stop, n=1):
-        """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1)."""
+        """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1).
+        With the fused kernels the device keeps the books too (`_device_search`)."""
+        if kernels.active():
+            return self._device_search(sentences, k, alpha, early_stop, n)
         model = self.model
         step = _graph(model, ("beam step", k, self.ctx.device_type),
                       lambda: _BeamStep(model.decoder, k))
@@ -365,6 +389,44 @@ class Translator:
             tokens = onp.maximum(word, 0).reshape(-1, 1)  # (B * k, 1); finished beams: any
             tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)  # + row
             control = np.array(tokens, ctx=ctx)  # the step's one upload
+        return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
+
+    def _device_search(self, sentences, k, alpha, early_stop, n=1):
+        """`_search` with the ranking and the bookkeeping in the step graph (`_BeamUpdateStep`),
+        the same hypotheses and scores bit for bit (tested), pipelined as `_greedy`: the host
+        reads step t's (B, k, 6) state while the device runs step t + 1; when all beams have
+        finished, the one step already started is dropped."""
+        model = self.model
+        step = _graph(model, ("beam update step", k, self.eos, self.ctx.device_type),
+                      lambda: _BeamUpdateStep(model.decoder, k, self.eos))
+        caches, valid_length, limits, steps = self._start(sentences, k)
+        B, ctx = len(sentences), self.ctx
+        state = onp.zeros((B, k, 6), "float32")  # score, alive, word, parent, token, row
+        state[:, :, 0], state[:, 0, 0] = NEG, 0  # one live beam to start from
+        state[:, :, 1], state[:, :, 4] = 1, self.bos
+        state[:, :, 5] = onp.arange(B * k).reshape(B, k)
+        state = np.array(state, ctx=ctx)
+        limits_dev = np.array(limits.astype("float32"), ctx=ctx)  # (B,)
+        infos = [np.array([t, *self._penalties(t, alpha)], dtype="float32", ctx=ctx)
+                 for t in range(1, steps + 1)]  # (3,) each: t, lp(t - 1), lp(t)
+        positions = self._positions(steps)
+        words, parents, scores = [], [], None
+        run, done = functools.partial(_run, step), None
+        for t in range(1, steps + 2):
+            if t <= steps:  # step t starts on the device ...
+                state, *self_kv = run(state, positions[t - 1], valid_length, self._bias,
+                                      infos[t - 1], limits_dev, *caches)
+                if t == 1:
+                    run = _graphs.bound(step)
+                caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
+            if done is not None:  # ... while the host reads step t - 1's books
+                books = done.asnumpy()  # (B, k, 6)
+                scores = books[:, :, 0]
+                words.append(books[:, :, 2].astype("int64"))
+                parents.append(books[:, :, 3].astype("int64"))
+                if (early_stop and not (books[:, :, 1] > 0).any()) or t > steps:
+                    break
+            done = state
         return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
 
     def _greedy(self, sentences, alpha, early_stop):

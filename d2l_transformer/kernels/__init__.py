@@ -124,7 +124,8 @@ def load():
             mx.library.load(build(), verbose=False)
             _state["loaded"] = all(hasattr(mx.sym, op) for op in (
                 "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce",
-                "d2t_shift_in", "d2t_take_shift_in", "d2t_row_topk", "d2t_omp_threads"))
+                "d2t_shift_in", "d2t_take_shift_in", "d2t_row_topk", "d2t_beam_update",
+                "d2t_omp_threads"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
                           "using MXNet's operators (same numbers, slower)", stacklevel=2)
@@ -224,6 +225,15 @@ def row_topk(F, x, bias, k):
     (`beam.cc`), in a graph: (rows, 2k), the values then their column ids (float32); ties go
     to the lower id. x: (rows, V); bias: (1, V)."""
     return F.d2t_row_topk(x.as_nd_ndarray(), bias.as_nd_ndarray(), k=k).as_np_ndarray()
+
+
+def beam_update(F, top, state, info, limits, k, eos):
+    """One step of beam search's bookkeeping in one operator (`beam.cc`), in a graph, with the
+    arithmetic of `inference.translator._beam_update`. top: (B*k, 2k) (`row_topk`); state
+    (B, k, 6): each beam's score, alive, word, parent, next token, cache row; info (3,): t,
+    lp(t - 1), lp(t); limits (B,). Returns the next state (B, k, 6)."""
+    nd = [x.as_nd_ndarray() for x in (top, state, info, limits)]
+    return F.d2t_beam_update(*nd, k=k, eos=eos).as_np_ndarray()
 
 
 def training_flag(F):

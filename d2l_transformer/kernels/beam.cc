@@ -10,7 +10,14 @@
 //       (x + bias in float32), out[:, k:] their column ids (as float32, exact below 2^24); ties
 //       go to the lower id, as NumPy's repeated argmax does. x: (R, V); bias: (1, V). One pass
 //       over the row with a k-entry insertion list, so the host reads (R, 2k) instead of (R, V).
+//   d2t_beam_update(top, state, info, limits, k, eos) -> state'
+//       one step of the translator's beam bookkeeping (`translator._beam_update`, gluonnlp's
+//       ``_BeamSearchStepUpdate``), the same float32 arithmetic and order, so that the next step
+//       starts without the host: top (B*k, 2k) from d2t_row_topk; state (B, k, 6): per beam
+//       its score, alive (0/1), word (-1: a finished beam kept), parent, the next step's token
+//       and cache row; info (3,): t, lp(t - 1), lp(t); limits (B,): each sentence's most tokens.
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -123,7 +130,83 @@ MXReturnValue topk_shape(const d2t::Attrs& attrs,
   return MX_SUCCESS;
 }
 
+MXReturnValue update_forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                             std::vector<MXTensor>* outputs, const OpResource& res) {
+  const MXTensor& state_t = (*inputs)[1];
+  const float *top = d2t::in((*inputs)[0]), *state = d2t::in(state_t);
+  const float *info = d2t::in((*inputs)[2]), *limits = d2t::in((*inputs)[3]);
+  const int64_t B = state_t.shape[0];
+  const int k = top_k_of(attrs), kk = k * k;
+  const float eos = std::stof(d2t::attr(attrs, "eos", "0"));
+  const float t = info[0], prev_lp = info[1], lp = info[2];
+  const float NEG = -1e18f;  // translator.NEG
+  float* o = d2t::out((*outputs)[0]);
+  std::vector<float> all(kk + k);
+  std::vector<char> used(kk + k);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* s = state + b * k * 6;
+    for (int i = 0; i < k; ++i) {
+      const bool alive = s[i * 6 + 1] > 0.5f;
+      const float base = s[i * 6] * prev_lp;  // (scores * prev_lp)
+      for (int j = 0; j < k; ++j)  // (values + base) / lp, NEG for a finished beam
+        all[i * k + j] = alive ? (top[(b * k + i) * 2 * k + j] + base) / lp : NEG;
+      all[kk + i] = alive ? NEG : s[i * 6];  // a finished beam competes with its score
+    }
+    std::fill(used.begin(), used.end(), 0);
+    for (int slot = 0; slot < k; ++slot) {  // a stable sort, best first: ties to the lower pos
+      int best = -1;
+      for (int p = 0; p < kk + k; ++p)
+        if (!used[p] && (best < 0 || all[p] > all[best])) best = p;
+      used[best] = 1;
+      const bool kept = best >= kk;
+      const int parent = kept ? best - kk : best / k;
+      const float word = kept ? -1.0f : top[(b * k + parent) * 2 * k + k + best % k];
+      const bool alive = s[parent * 6 + 1] > 0.5f && word != eos && limits[b] > t;
+      float* q = o + (b * k + slot) * 6;
+      q[0] = all[best];
+      q[1] = alive ? 1.0f : 0.0f;
+      q[2] = word;
+      q[3] = static_cast<float>(parent);
+      q[4] = word < 0 ? 0.0f : word;  // the next step's token (a finished beam: any)
+      q[5] = static_cast<float>(b * k + parent);  // the cache row it continues
+    }
+  }
+  return MX_SUCCESS;
+}
+
+MXReturnValue update_backward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                              std::vector<MXTensor>* outputs, const OpResource& res) {
+  for (int i = 0; i < 4; ++i) {  // no gradient (bookkeeping)
+    const MXTensor& x = (*inputs)[1 + i];
+    std::memset(d2t::out((*outputs)[i]), 0, x.size() * sizeof(float));
+  }
+  return MX_SUCCESS;
+}
+
+MXReturnValue update_shape(const d2t::Attrs& attrs,
+                           std::vector<std::vector<unsigned int>>* in_shapes,
+                           std::vector<std::vector<unsigned int>>* out_shapes) {
+  const auto &top = (*in_shapes)[0], &state = (*in_shapes)[1], &info = (*in_shapes)[2],
+             &limits = (*in_shapes)[3];
+  const unsigned int k = top_k_of(attrs);
+  if (top.size() != 2 || state.size() != 3 || state[1] != k || state[2] != 6 ||
+      top[0] != state[0] * k || top[1] != 2 * k || info.size() != 1 || info[0] != 3 ||
+      limits.size() != 1 || limits[0] != state[0]) {
+    MX_ERROR_MSG << "d2t_beam_update: top (B*k, 2k), state (B, k, 6), info (3,), limits (B,)";
+    return MX_FAIL;
+  }
+  (*out_shapes)[0] = state;
+  return MX_SUCCESS;
+}
+
 }  // namespace
+
+REGISTER_OP(d2t_beam_update)
+.setForward(update_forward, "cpu")
+.setBackward(update_backward, "cpu")
+.setParseAttrs(d2t::parse_attrs<4>)
+.setInferType(d2t::float32_only)
+.setInferShape(update_shape);
 
 REGISTER_OP(d2t_take_shift_in)
 .setForward(take_shift_forward, "cpu")
