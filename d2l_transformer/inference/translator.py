@@ -27,12 +27,14 @@ bias row; the picked tokens' log-probabilities are unchanged, so beam 1 still eq
 An under-trained model emits them otherwise. ``suppress=False`` masks nothing: the chapter's
 argmax over the whole vocabulary (`predict_s2s_ch8`).
 
-Beam search reads the step's log-probabilities once per step, and NumPy picks each row's best
-tokens (on a CPU this is a memory copy; MXNet's CPU ``topk`` reduces each row in one thread and
-took ~5x longer than the copy and NumPy's ``argmax`` together); the bookkeeping of the beams is
-a few NumPy operations on (sentences, beams, beams) arrays. Greedy decoding takes MXNet's
-``argmax`` on the device instead (~0.5 ms at batch 64), because then the next step can start
-before the host reads anything.
+On a CPU with the fused kernels, beam search ranks each row's best tokens and keeps the books
+on the device too (`_BeamUpdateStep`: ``d2t_row_topk``, ``d2t_beam_update``, the arithmetic of
+`_beam_update`), pipelined as greedy decoding is (`Translator._device_search`). Elsewhere the
+host loop reads the step's log-probabilities once per step and NumPy picks each row's best
+tokens (MXNet's CPU ``topk`` reduces each row in one thread and took ~5x longer than the copy
+and NumPy's ``argmax`` together); the bookkeeping of the beams is a few NumPy operations on
+(sentences, beams, beams) arrays. Greedy decoding takes MXNet's ``argmax`` on the device,
+because then the next step can start before the host reads anything.
 """
 
 import collections

@@ -10,9 +10,11 @@ the multi-head attention core (split heads, scores / sqrt(d), d2l's masked softm
 sum, merge heads — 12 MXNet operators and their backward passes) reading the heads in place;
 `softmax_ce.cc` adds ``d2t_softmax_ce``: the masked (label-smoothed) softmax cross-entropy,
 whose MXNet form (log_softmax, pick, mean over the vocabulary) took half of a `full`-preset
-step. Dropout inside the kernels (d2l 9.1's on the attention weights, 9.3.3's AddNorm on the
-sublayer's output): MXNet's Dropout distribution, drawn from MXNet's seeded random states when
-MXNet is training (`training_flag`), the mask kept for the backward pass.
+step; `cache.cc` and `beam.cc` add the decoding step's cache updates and beam search's
+ranking and bookkeeping (inference only). Dropout inside the kernels (d2l 9.1's on the
+attention weights, 9.3.3's AddNorm on the sublayer's output): MXNet's Dropout distribution,
+drawn from MXNet's seeded random states when MXNet is training (`training_flag`), the mask
+kept for the backward pass.
 Same functions, same parameters; values equal MXNet's to float32 rounding
 (tests/test_kernels.py).
 
