@@ -347,13 +347,20 @@ class DecoderStep(nn.HybridBlock):
     the step hybridizes (``static_alloc=True, static_shape=True``). log_probs: (rows, vocab),
     the log-softmax of the decoder's logits. The arithmetic is the decoder's own
     (`DecoderBlock._sublayers` with the projected keys/values); this block holds no weights.
+    ``reorder=True`` (beam search): one more input after `enc_valid_length`, ``rows`` (rows,),
+    the row of the given self caches each row continues (its beam's parent); the caches are
+    taken by it before the new position goes in (in one copy with the fused kernels).
     """
 
-    def __init__(self, decoder, **kwargs):
+    def __init__(self, decoder, *, reorder=False, **kwargs):
         super().__init__(**kwargs)
         self.decoder = decoder
+        self.reorder = reorder
 
     def hybrid_forward(self, F, X, position, enc_valid_length, *caches):
+        rows = None
+        if self.reorder:
+            rows, caches = caches[0].astype("int32"), caches[1:]  # (rows,)
         dec = self.decoder
         X = dec.pos_encoding(_embed(dec, X), position)  # (rows, 1, d)
         self_length = F.np.zeros_like(enc_valid_length) + position + 1  # (rows,)
@@ -362,9 +369,13 @@ class DecoderStep(nn.HybridBlock):
             K, V, K_enc, V_enc = caches[4 * i:4 * i + 4]
             Xn = blk.addnorm_1.prenorm(X)
             k, v = blk.attention_1.project_kv(Xn)  # the new position only: (rows, 1, hidden)
-            if F is mx.sym and kernels.active():  # one copy instead of slice + concatenate
+            if F is mx.sym and kernels.active() and rows is not None:  # take + shift: one copy
+                K, V = kernels.take_shift_in(F, k, K, rows), kernels.take_shift_in(F, v, V, rows)
+            elif F is mx.sym and kernels.active():  # one copy instead of slice + concatenate
                 K, V = kernels.shift_in(F, k, K), kernels.shift_in(F, v, V)
             else:
+                if rows is not None:
+                    K, V = F.np.take(K, rows, axis=0), F.np.take(V, rows, axis=0)
                 K = F.np.concatenate([k, K[:, :-1]], axis=1)  # (rows, max_len, hidden), newest first
                 V = F.np.concatenate([v, V[:, :-1]], axis=1)
             X = blk._sublayers(X, Xn, None, self_length, None, enc_valid_length,

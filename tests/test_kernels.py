@@ -591,3 +591,93 @@ def test_unwritable_cache_falls_back_to_a_private_temporary_dir_or_mxnet(tmp_pat
         assert kernels.load() is False
     assert len(caught) == 1 and "writable by other users" in str(caught[0].message)
     assert os.listdir(private) == []  # nothing was built or loaded there
+
+
+class _TakeShiftIn(nn.HybridBlock):
+    def hybrid_forward(self, F, new, cache, rows):
+        if kernels.active():
+            return kernels.take_shift_in(F, new, cache, rows)
+        cache = F.np.take(cache, rows.astype("int32"), axis=0)  # (rows, L, hidden)
+        return F.np.concatenate([new, cache[:, :-1]], axis=1)
+
+
+@needs_kernels
+def test_take_shift_in_equals_take_slice_and_concatenate():
+    """Beam search's cache update (each beam row continues its parent's cache, then takes the
+    new position in front) in one copy: value and gradients equal MXNet's take + slice +
+    concatenate, bit for bit, with rows repeated and rows left out."""
+    rng = onp.random.RandomState(0)
+    new, cache = rng.randn(6, 1, 8).astype("float32"), rng.randn(6, 7, 8).astype("float32")
+    head = rng.randn(6, 7, 8).astype("float32")
+    rows = onp.array([0, 0, 3, 5, 5, 5], "float32")
+    results = []
+    for fused in (False, True):
+        block = _TakeShiftIn()
+        block.hybridize()
+        a, b = np.array(new), np.array(cache)
+        a.attach_grad()
+        b.attach_grad()
+        with autograd.record(), (kernels.fused(mx.cpu()) if fused else contextlib.nullcontext()):
+            out = block(a, b, np.array(rows))
+        out.backward(np.array(head))
+        results.append([out.asnumpy(), a.grad.asnumpy(), b.grad.asnumpy()])
+        if fused:
+            assert "d2t_take_shift_in" in block._cached_graph[1].tojson()
+    expected = onp.concatenate([new, cache[rows.astype(int)][:, :-1]], axis=1)
+    assert (results[1][0] == expected).all()
+    for x, y in zip(*results):
+        assert onp.allclose(x, y, rtol=0, atol=1e-6)  # gradients: sums in another order
+
+
+@needs_kernels
+def test_row_topk_equals_numpy_repeated_argmax():
+    """The beam step's ranking on the device equals the translator's NumPy ranking
+    (`_row_top_k`: repeated argmax, ties to the lower id) on rows with ties and masked ids."""
+    from d2l_transformer.inference.translator import _row_top_k
+    rng = onp.random.RandomState(0)
+    for rows, V, k in [(64, 500, 4), (8, 7, 5), (5, 10, 10)]:
+        x = rng.randn(rows, V).astype("float32")
+        x[:, 3] = x[:, 5]  # a tie between ids 3 and 5
+        x[0] = 0.5  # a row of ties
+        x[1, : V // 2] = x[1, V // 2:2 * (V // 2)]  # every value twice
+        bias = onp.zeros((1, V), "float32")
+        bias[0, [0, 2]] = -1e18  # masked ids, as the translator's bias row
+        top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.array(bias), k=k).asnumpy()
+        values, ids = _row_top_k(x + bias, k)
+        assert top.shape == (rows, 2 * k)
+        assert (top[:, :k] == values).all() and (top[:, k:].astype("int64") == ids).all()
+
+
+@needs_kernels
+def test_beam_update_equals_the_translators_numpy_update():
+    """The beam step's bookkeeping on the device (`d2t_beam_update`) equals the translator's
+    NumPy update (`_beam_update`, a stable sort of the candidates against the finished beams)
+    bit for bit: scores, words, parents, which beams live on, the next tokens and cache rows,
+    with finished beams, tied candidates, <eos> picks and sentences at their length limit."""
+    from d2l_transformer.inference.translator import NEG, Translator, _beam_update, _row_top_k
+    rng = onp.random.RandomState(0)
+    B, k, V, eos = 5, 3, 12, 2
+    for t in (1, 2, 6):
+        log_probs = onp.log(rng.dirichlet(onp.ones(V), size=B * k)).astype("float32")
+        log_probs[1] = log_probs[0]  # two beams with the same candidates: ties
+        scores = rng.uniform(-5, 0, size=(B, k)).astype("float32")
+        scores[0, 1:] = NEG if t == 1 else scores[0, 1:]
+        scores[2, 2] = scores[2, 0]  # a finished beam tied with a live one
+        alive = rng.rand(B, k) > 0.3
+        limits = onp.array([30, t, 30, t + 1, 30])
+        prev_lp, lp = Translator._penalties(t, 0.6)
+        values, ids = _row_top_k(log_probs.copy(), k)
+        new_scores, words, parents = _beam_update(values, ids, scores, alive, k, prev_lp, lp)
+        new_alive = onp.take_along_axis(alive, parents, axis=1) & (words != eos) \
+            & (limits[:, None] > t)
+        top = onp.concatenate([values, ids.astype("float32")], axis=1)  # (B*k, 2k)
+        state = onp.zeros((B, k, 6), "float32")
+        state[..., 0], state[..., 1] = scores, alive
+        info = onp.array([t, prev_lp, lp], "float32")
+        out = mx.nd.d2t_beam_update(mx.nd.array(top), mx.nd.array(state), mx.nd.array(info),
+                                    mx.nd.array(limits.astype("float32")), k=k, eos=eos).asnumpy()
+        assert (out[..., 0] == new_scores).all()
+        assert (out[..., 1] == new_alive).all()
+        assert (out[..., 2] == words).all() and (out[..., 3] == parents).all()
+        assert (out[..., 4] == onp.maximum(words, 0)).all()
+        assert (out[..., 5] == parents + onp.arange(0, B * k, k)[:, None]).all()

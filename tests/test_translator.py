@@ -61,7 +61,8 @@ def test_greedy_update_is_the_beam_update_of_one_beam():
         ids = log_probs.argmax(axis=1)[:, None]  # what the device picks: (6, 1)
         greedy = translator_module._greedy_update(
             ids, onp.take_along_axis(log_probs, ids, axis=1), scores, alive, prev_lp, lp)
-        beam = translator_module._beam_update(log_probs.copy(), scores, alive, 1, prev_lp, lp)
+        values, top = translator_module._row_top_k(log_probs.copy(), 1)  # (6, 1) each
+        beam = translator_module._beam_update(values, top, scores, alive, 1, prev_lp, lp)
         assert (beam[2] == 0).all()  # one beam: every parent is beam 0
         for x, y in zip(greedy, beam[:2]):
             assert x.dtype == y.dtype and x.shape == y.shape and (x == y).all(), (x, y)
@@ -125,6 +126,25 @@ def test_beam_k_equals_gluonnlp_beam_search_sampler(setup, which, beam_size):
     if which == "untrained":  # flat outputs: the search finds other translations than greedy
         greedy = translator.translate(sentences)
         assert sum(h.tokens != g.tokens for h, g in zip(ours, greedy)) >= 5
+
+
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+def test_device_beam_search_equals_the_host_loop(setup, which):
+    """Beam search with the books on the device (the fused CPU kernels, pipelined) keeps the
+    host loop's hypotheses and scores bit for bit, on the same step graph's numbers: n-best
+    lists, both early-stop modes, <unk> masked or not, several beam sizes."""
+    if not kernels.load():
+        pytest.skip("the fused kernels do not build here")
+    models, src_vocab, tgt_vocab, sentences = setup
+    for no_unk in (False, True):
+        translator = _translator(models[which], src_vocab, tgt_vocab, suppress=True,
+                                 no_unk=no_unk)
+        for k, early_stop in ((2, True), (3, False), (4, True)):
+            with CTX, kernels.fused(CTX):  # the same step numbers; the books on the host
+                host = translator._search(sentences, k, 0.6, early_stop, k,
+                                          books_on_device=False)
+                device = translator._search(sentences, k, 0.6, early_stop, k)
+            assert device == host, (which, no_unk, k, early_stop)
 
 
 def test_batches_and_order_do_not_change_a_translation(setup):

@@ -27,12 +27,14 @@ bias row; the picked tokens' log-probabilities are unchanged, so beam 1 still eq
 An under-trained model emits them otherwise. ``suppress=False`` masks nothing: the chapter's
 argmax over the whole vocabulary (`predict_s2s_ch8`).
 
-Beam search reads the step's log-probabilities once per step, and NumPy picks each row's best
-tokens (on a CPU this is a memory copy; MXNet's CPU ``topk`` reduces each row in one thread and
-took ~5x longer than the copy and NumPy's ``argmax`` together); the bookkeeping of the beams is
-a few NumPy operations on (sentences, beams, beams) arrays. Greedy decoding takes MXNet's
-``argmax`` on the device instead (~0.5 ms at batch 64), because then the next step can start
-before the host reads anything.
+On a CPU with the fused kernels, beam search ranks each row's best tokens and keeps the books
+on the device too (`_BeamUpdateStep`: ``d2t_row_topk``, ``d2t_beam_update``, the arithmetic of
+`_beam_update`), pipelined as greedy decoding is (`Translator._device_search`). Elsewhere the
+host loop reads the step's log-probabilities once per step and NumPy picks each row's best
+tokens (MXNet's CPU ``topk`` reduces each row in one thread and took ~5x longer than the copy
+and NumPy's ``argmax`` together); the bookkeeping of the beams is a few NumPy operations on
+(sentences, beams, beams) arrays. Greedy decoding takes MXNet's ``argmax`` on the device,
+because then the next step can start before the host reads anything.
 """
 
 import collections
@@ -40,6 +42,7 @@ import functools
 import warnings
 import weakref
 
+import mxnet as mx
 import numpy as onp
 from mxnet import np
 from mxnet.gluon import nn
@@ -95,21 +98,47 @@ def _graph(model, key, build, static=True):
 
 class _BeamStep(nn.HybridBlock):
     """`DecoderStep` with the self-attention caches first reordered to follow their beams:
-    ``(control (B*k, 2), position, enc_valid_length, *caches) -> (log_probs, *self_caches)``;
-    control holds each row's token and the row of the old caches it continues (one upload)."""
+    ``(control (B*k, 2), position, enc_valid_length, bias (1, V), *caches) -> (top, *self_caches)``;
+    control holds each row's token and the row of the old caches it continues (one upload).
+    With the fused kernels (a CPU), the caches are taken and shifted in one copy and `top` is
+    each row's `k` best entries of ``log_probs + bias``, (B*k, 2k): values, then ids as floats
+    (`kernels.row_topk`), so that the host reads (B*k, 2k) numbers, not (B*k, V); otherwise
+    `top` is ``log_probs + bias`` (B*k, V) and the host ranks it (`_row_top_k`, the same
+    result)."""
 
-    def __init__(self, decoder, **kwargs):
+    def __init__(self, decoder, k, **kwargs):
         super().__init__(**kwargs)
-        self.step = DecoderStep(decoder)
+        self.step = DecoderStep(decoder, reorder=True)
+        self.k = k
 
-    def hybrid_forward(self, F, control, position, enc_valid_length, *caches):
+    def hybrid_forward(self, F, control, position, enc_valid_length, bias, *caches):
         tokens = control[:, 0:1]  # (B*k, 1)
-        rows = control[:, 1].astype("int32")  # (B*k,)
-        caches = list(caches)
-        for i in range(0, len(caches), 4):  # self keys, self values; the encoder's stay
-            caches[i] = F.np.take(caches[i], rows, axis=0)  # (B*k, max_len, hidden)
-            caches[i + 1] = F.np.take(caches[i + 1], rows, axis=0)
-        return self.step(tokens, position, enc_valid_length, *caches)
+        rows = control[:, 1]  # (B*k,)
+        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
+        if F is mx.sym and kernels.active():
+            return (kernels.row_topk(F, log_probs, bias, self.k), *new_caches)  # (B*k, 2k)
+        return (log_probs + bias, *new_caches)  # (B*k, V) + (1, V)
+
+
+class _BeamUpdateStep(nn.HybridBlock):
+    """`_BeamStep` with the beams' bookkeeping on the device too (fused CPU kernels only):
+    ``(state (B, k, 6), position, enc_valid_length, bias (1, V), info (3,), limits (B,),
+    *caches) -> (state, *self_caches)``. state holds per beam its score, alive, word, parent,
+    next token and cache row (`kernels.beam_update`, the arithmetic of `_beam_update`); info
+    t, lp(t - 1), lp(t). Each step's state feeds the next step directly, so the host reads it
+    while the device runs the next step (`Translator._search`), as greedy decoding does."""
+
+    def __init__(self, decoder, k, eos, **kwargs):
+        super().__init__(**kwargs)
+        self.step = DecoderStep(decoder, reorder=True)
+        self.k, self.eos = k, eos
+
+    def hybrid_forward(self, F, state, position, enc_valid_length, bias, info, limits, *caches):
+        tokens = F.npx.reshape(state[:, :, 4:5], (-1, 1))  # (B, k, 1) -> (B*k, 1)
+        rows = F.npx.reshape(state[:, :, 5], (-1,))  # (B, k) -> (B*k,)
+        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
+        top = kernels.row_topk(F, log_probs, bias, self.k)  # (B*k, 2k)
+        return (kernels.beam_update(F, top, state, info, limits, self.k, self.eos), *new_caches)
 
 
 class _GreedyStep(nn.HybridBlock):
@@ -163,15 +192,16 @@ def _row_top_k(log_probs, k):
     return values, ids
 
 
-def _beam_update(log_probs, scores, alive, k, prev_lp, lp):
+def _beam_update(values, ids, scores, alive, k, prev_lp, lp):
     """One step of gluonnlp's ``_BeamSearchStepUpdate``, in float32 like its scorer.
 
-    log_probs: (B*k, V); scores: (B, k), length-normalised; alive: (B, k) bool. Returns
+    values, ids: each row's k best log-probabilities (B*k, k), best first, and their tokens
+    (`_row_top_k` or `kernels.row_topk`); scores: (B, k), length-normalised; alive: (B, k)
+    bool. Returns
     ``(scores, words, parents)``, each (B, k), best first: words is -1 where a finished beam
     keeps its place, parents the beam each new beam continues. Each live beam's k best tokens
     are the only ones of it that can be among its sentence's k best candidates."""
     B = scores.shape[0]
-    values, ids = _row_top_k(log_probs, k)  # (B*k, k)
     cand = (values.reshape(B, k, k) + (scores * prev_lp)[:, :, None]) / lp  # GNMT, (B, k, k)
     cand = onp.where(alive[:, :, None], cand, NEG)
     finished = onp.where(alive, NEG, scores)  # a finished beam competes with its score
@@ -321,10 +351,15 @@ class Translator:
             caches += [empty, empty, enc_kv[i], enc_kv[i + 1]]
         return caches, valid_length, limits, steps
 
-    def _search(self, sentences, k, alpha, early_stop, n=1):
-        """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1)."""
+    def _search(self, sentences, k, alpha, early_stop, n=1, *, books_on_device=True):
+        """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1).
+        With the fused kernels the device keeps the books too (`_device_search`), unless
+        `books_on_device` is False (tests: the host loop on the same step's numbers)."""
+        if kernels.active() and books_on_device:
+            return self._device_search(sentences, k, alpha, early_stop, n)
         model = self.model
-        step = _graph(model, ("beam step", self.ctx.device_type), lambda: _BeamStep(model.decoder))
+        step = _graph(model, ("beam step", k, self.ctx.device_type),
+                      lambda: _BeamStep(model.decoder, k))
         caches, valid_length, limits, steps = self._start(sentences, k)
         B, ctx = len(sentences), self.ctx
         scores = onp.full((B, k), NEG, dtype="float32")
@@ -337,13 +372,17 @@ class Translator:
         words, parents = [], []
         run = functools.partial(_run, step)  # the first step traces (or checks) the graph
         for t in range(1, steps + 1):
-            log_probs, *self_kv = run(control, positions[t - 1], valid_length, *caches)
+            top, *self_kv = run(control, positions[t - 1], valid_length, self._bias, *caches)
             if t == 1:  # then its operator runs with the weights looked up once (`_graphs.bound`)
                 run = _graphs.bound(step)
             caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
             prev_lp, lp = self._penalties(t, alpha)
-            scores, word, parent = _beam_update(log_probs.asnumpy() + self._bias_host, scores, alive,
-                                                k, prev_lp, lp)  # (B*k, V): the banned at -1e18
+            top = top.asnumpy()  # the banned tokens at -1e18
+            if kernels.active():  # ranked on the device (the graph was traced so): (B*k, 2k)
+                values, ids = top[:, :k], top[:, k:].astype("int64")
+            else:  # (B*k, V)
+                values, ids = _row_top_k(top, k)
+            scores, word, parent = _beam_update(values, ids, scores, alive, k, prev_lp, lp)
             alive = onp.take_along_axis(alive, parent, axis=1) & (word != self.eos) \
                 & (limits[:, None] > t)  # finished, or at the sentence's length limit
             words.append(word)
@@ -353,6 +392,44 @@ class Translator:
             tokens = onp.maximum(word, 0).reshape(-1, 1)  # (B * k, 1); finished beams: any
             tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)  # + row
             control = np.array(tokens, ctx=ctx)  # the step's one upload
+        return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
+
+    def _device_search(self, sentences, k, alpha, early_stop, n=1):
+        """`_search` with the ranking and the bookkeeping in the step graph (`_BeamUpdateStep`),
+        the same hypotheses and scores bit for bit (tested), pipelined as `_greedy`: the host
+        reads step t's (B, k, 6) state while the device runs step t + 1; when all beams have
+        finished, the one step already started is dropped."""
+        model = self.model
+        step = _graph(model, ("beam update step", k, self.eos, self.ctx.device_type),
+                      lambda: _BeamUpdateStep(model.decoder, k, self.eos))
+        caches, valid_length, limits, steps = self._start(sentences, k)
+        B, ctx = len(sentences), self.ctx
+        state = onp.zeros((B, k, 6), "float32")  # score, alive, word, parent, token, row
+        state[:, :, 0], state[:, 0, 0] = NEG, 0  # one live beam to start from
+        state[:, :, 1], state[:, :, 4] = 1, self.bos
+        state[:, :, 5] = onp.arange(B * k).reshape(B, k)
+        state = np.array(state, ctx=ctx)
+        limits_dev = np.array(limits.astype("float32"), ctx=ctx)  # (B,)
+        infos = [np.array([t, *self._penalties(t, alpha)], dtype="float32", ctx=ctx)
+                 for t in range(1, steps + 1)]  # (3,) each: t, lp(t - 1), lp(t)
+        positions = self._positions(steps)
+        words, parents, scores = [], [], None
+        run, done = functools.partial(_run, step), None
+        for t in range(1, steps + 2):
+            if t <= steps:  # step t starts on the device ...
+                state, *self_kv = run(state, positions[t - 1], valid_length, self._bias,
+                                      infos[t - 1], limits_dev, *caches)
+                if t == 1:
+                    run = _graphs.bound(step)
+                caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
+            if done is not None:  # ... while the host reads step t - 1's books
+                books = done.asnumpy()  # (B, k, 6)
+                scores = books[:, :, 0]
+                words.append(books[:, :, 2].astype("int64"))
+                parents.append(books[:, :, 3].astype("int64"))
+                if (early_stop and not (books[:, :, 1] > 0).any()) or t > steps:
+                    break
+            done = state
         return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
 
     def _greedy(self, sentences, alpha, early_stop):

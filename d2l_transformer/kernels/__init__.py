@@ -10,9 +10,11 @@ the multi-head attention core (split heads, scores / sqrt(d), d2l's masked softm
 sum, merge heads — 12 MXNet operators and their backward passes) reading the heads in place;
 `softmax_ce.cc` adds ``d2t_softmax_ce``: the masked (label-smoothed) softmax cross-entropy,
 whose MXNet form (log_softmax, pick, mean over the vocabulary) took half of a `full`-preset
-step. Dropout inside the kernels (d2l 9.1's on the attention weights, 9.3.3's AddNorm on the
-sublayer's output): MXNet's Dropout distribution, drawn from MXNet's seeded random states when
-MXNet is training (`training_flag`), the mask kept for the backward pass.
+step; `cache.cc` and `beam.cc` add the decoding step's cache updates and beam search's
+ranking and bookkeeping (inference only). Dropout inside the kernels (d2l 9.1's on the
+attention weights, 9.3.3's AddNorm on the sublayer's output): MXNet's Dropout distribution,
+drawn from MXNet's seeded random states when MXNet is training (`training_flag`), the mask
+kept for the backward pass.
 Same functions, same parameters; values equal MXNet's to float32 rounding
 (tests/test_kernels.py).
 
@@ -44,7 +46,8 @@ from ..io import atomic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name)
-           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "cache.cc", "threads.cc")]
+           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "cache.cc", "beam.cc",
+                          "threads.cc")]
 HEADERS = [os.path.join(HERE, "common.h")]
 # -fno-trapping-math: no FP exception is ever read, so float selects and compares may be
 # vectorized (the softmax loops); it changes no value. -fopenmp (MXNet's own libgomp) when the
@@ -147,7 +150,8 @@ def load():
             mx.library.load(build(), verbose=False)
             _state["loaded"] = all(hasattr(mx.sym, op) for op in (
                 "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce",
-                "d2t_shift_in", "d2t_omp_threads"))
+                "d2t_shift_in", "d2t_take_shift_in", "d2t_row_topk", "d2t_beam_update",
+                "d2t_omp_threads"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
                           "using MXNet's operators (same numbers, slower)", stacklevel=2)
@@ -232,6 +236,30 @@ def shift_in(F, new, cache):
     the decoding step's key/value cache taking its newest position in front. new: (rows, 1,
     hidden); cache: (rows, L, hidden)."""
     return F.d2t_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray()).as_np_ndarray()
+
+
+def take_shift_in(F, new, cache, rows):
+    """``concatenate([new, take(cache, rows)[:, :-1]], axis=1)`` in one operator (`beam.cc`), in
+    a graph: each beam row's cache continues the row it came from and takes its newest position
+    in front. new: (rows, 1, hidden); cache: (rows, L, hidden); rows: (rows,)."""
+    return F.d2t_take_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray(),
+                               rows.astype("float32").as_nd_ndarray()).as_np_ndarray()
+
+
+def row_topk(F, x, bias, k):
+    """The `k` largest entries of each row of ``x + bias``, best first, in one operator
+    (`beam.cc`), in a graph: (rows, 2k), the values then their column ids (float32); ties go
+    to the lower id. x: (rows, V); bias: (1, V)."""
+    return F.d2t_row_topk(x.as_nd_ndarray(), bias.as_nd_ndarray(), k=k).as_np_ndarray()
+
+
+def beam_update(F, top, state, info, limits, k, eos):
+    """One step of beam search's bookkeeping in one operator (`beam.cc`), in a graph, with the
+    arithmetic of `inference.translator._beam_update`. top: (B*k, 2k) (`row_topk`); state
+    (B, k, 6): each beam's score, alive, word, parent, next token, cache row; info (3,): t,
+    lp(t - 1), lp(t); limits (B,). Returns the next state (B, k, 6)."""
+    nd = [x.as_nd_ndarray() for x in (top, state, info, limits)]
+    return F.d2t_beam_update(*nd, k=k, eos=eos).as_np_ndarray()
 
 
 def training_flag(F):

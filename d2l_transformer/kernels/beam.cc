@@ -1,0 +1,223 @@
+// Beam search's two per-step operations on the device (the translator's beam step graph),
+// MXNet 1.9's custom-operator library API:
+//
+//   d2t_take_shift_in(new, cache, rows) -> out
+//       out[r] = concatenate([new[r], cache[rows[r], :-1]]): the self-attention cache of the
+//       beam row r continues (take), with its newest position in front (shift_in), in one copy
+//       instead of take + shift. new: (R, 1, H); cache: (R, L, H); rows: (R,) as float32.
+//   d2t_row_topk(x, bias, k) -> out (R, 2k)
+//       the k largest entries of each row of x + bias, best first: out[:, :k] their values
+//       (x + bias in float32), out[:, k:] their column ids (as float32, exact below 2^24); ties
+//       go to the lower id, as NumPy's repeated argmax does. x: (R, V); bias: (1, V). One pass
+//       over the row with a k-entry insertion list, so the host reads (R, 2k) instead of (R, V).
+//   d2t_beam_update(top, state, info, limits, k, eos) -> state'
+//       one step of the translator's beam bookkeeping (`translator._beam_update`, gluonnlp's
+//       ``_BeamSearchStepUpdate``), the same float32 arithmetic and order, so that the next step
+//       starts without the host: top (B*k, 2k) from d2t_row_topk; state (B, k, 6): per beam
+//       its score, alive (0/1), word (-1: a finished beam kept), parent, the next step's token
+//       and cache row; info (3,): t, lp(t - 1), lp(t); limits (B,): each sentence's most tokens.
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+using namespace mxnet::ext;
+
+namespace {
+
+MXReturnValue take_shift_forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                                 std::vector<MXTensor>* outputs, const OpResource& res) {
+  const MXTensor &fresh = (*inputs)[0], &cache = (*inputs)[1], &rows_t = (*inputs)[2];
+  const int64_t R = cache.shape[0], L = cache.shape[1], H = cache.shape[2];
+  const float *f = d2t::in(fresh), *c = d2t::in(cache), *rows = d2t::in(rows_t);
+  float* o = d2t::out((*outputs)[0]);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t src = static_cast<int64_t>(rows[r]);
+    std::memcpy(o + r * L * H, f + r * H, H * sizeof(float));
+    std::memcpy(o + r * L * H + H, c + src * L * H, (L - 1) * H * sizeof(float));
+  }
+  return MX_SUCCESS;
+}
+
+// Gradients (MXNet's graphs ask for them even when nothing trains): the output's first row to
+// `new`, the others summed into the cache rows they came from; none to `rows`.
+MXReturnValue take_shift_backward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                                  std::vector<MXTensor>* outputs, const OpResource& res) {
+  const MXTensor &dout = (*inputs)[0], &rows_t = (*inputs)[3];  // then new, cache, rows
+  const int64_t R = dout.shape[0], L = dout.shape[1], H = dout.shape[2];
+  const float *g = d2t::in(dout), *rows = d2t::in(rows_t);
+  float *dnew = d2t::out((*outputs)[0]), *dcache = d2t::out((*outputs)[1]);
+  std::memset(dcache, 0, R * L * H * sizeof(float));
+  std::memset(d2t::out((*outputs)[2]), 0, R * sizeof(float));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t src = static_cast<int64_t>(rows[r]);
+    std::memcpy(dnew + r * H, g + r * L * H, H * sizeof(float));
+    for (int64_t i = 0; i < (L - 1) * H; ++i) dcache[src * L * H + i] += g[r * L * H + H + i];
+  }
+  return MX_SUCCESS;
+}
+
+MXReturnValue take_shift_shape(const d2t::Attrs& attrs,
+                               std::vector<std::vector<unsigned int>>* in_shapes,
+                               std::vector<std::vector<unsigned int>>* out_shapes) {
+  const auto &fresh = (*in_shapes)[0], &cache = (*in_shapes)[1], &rows = (*in_shapes)[2];
+  if (fresh.size() != 3 || cache.size() != 3 || fresh[0] != cache[0] || fresh[1] != 1 ||
+      fresh[2] != cache[2] || cache[1] < 1 || rows.size() != 1 || rows[0] != cache[0]) {
+    MX_ERROR_MSG << "d2t_take_shift_in: new (R, 1, H), cache (R, L, H), rows (R,) expected";
+    return MX_FAIL;
+  }
+  (*out_shapes)[0] = cache;
+  return MX_SUCCESS;
+}
+
+int top_k_of(const d2t::Attrs& attrs) { return std::stoi(d2t::attr(attrs, "k", "1")); }
+
+MXReturnValue topk_forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                           std::vector<MXTensor>* outputs, const OpResource& res) {
+  const MXTensor &x_t = (*inputs)[0], &bias_t = (*inputs)[1];
+  const int64_t R = x_t.shape[0], V = x_t.shape[1];
+  const int k = top_k_of(attrs);
+  const float *x = d2t::in(x_t), *bias = d2t::in(bias_t);
+  float* o = d2t::out((*outputs)[0]);
+#pragma omp parallel for
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<float> val(k);
+    std::vector<int64_t> id(k);
+    int n = 0;  // entries held, best first; an equal value never displaces an earlier id
+    const float* row = x + r * V;
+    for (int64_t j = 0; j < V; ++j) {
+      const float v = row[j] + bias[j];
+      if (n == k && !(v > val[k - 1])) continue;
+      int i = n < k ? n++ : k - 1;
+      while (i > 0 && v > val[i - 1]) {
+        val[i] = val[i - 1];
+        id[i] = id[i - 1];
+        --i;
+      }
+      val[i] = v;
+      id[i] = j;
+    }
+    for (int i = 0; i < k; ++i) {
+      o[r * 2 * k + i] = val[i];
+      o[r * 2 * k + k + i] = static_cast<float>(id[i]);
+    }
+  }
+  return MX_SUCCESS;
+}
+
+MXReturnValue topk_backward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                            std::vector<MXTensor>* outputs, const OpResource& res) {
+  const MXTensor& x_t = (*inputs)[1];  // dout, x, bias: no gradient (a selection)
+  std::memset(d2t::out((*outputs)[0]), 0, x_t.shape[0] * x_t.shape[1] * sizeof(float));
+  std::memset(d2t::out((*outputs)[1]), 0, x_t.shape[1] * sizeof(float));
+  return MX_SUCCESS;
+}
+
+MXReturnValue topk_shape(const d2t::Attrs& attrs,
+                         std::vector<std::vector<unsigned int>>* in_shapes,
+                         std::vector<std::vector<unsigned int>>* out_shapes) {
+  const auto &x = (*in_shapes)[0], &bias = (*in_shapes)[1];
+  const int k = top_k_of(attrs);
+  if (x.size() != 2 || bias.size() != 2 || bias[0] != 1 || bias[1] != x[1] || k < 1 ||
+      static_cast<unsigned int>(k) > x[1]) {
+    MX_ERROR_MSG << "d2t_row_topk: x (R, V), bias (1, V) and 1 <= k <= V expected";
+    return MX_FAIL;
+  }
+  (*out_shapes)[0] = {x[0], static_cast<unsigned int>(2 * k)};
+  return MX_SUCCESS;
+}
+
+MXReturnValue update_forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                             std::vector<MXTensor>* outputs, const OpResource& res) {
+  const MXTensor& state_t = (*inputs)[1];
+  const float *top = d2t::in((*inputs)[0]), *state = d2t::in(state_t);
+  const float *info = d2t::in((*inputs)[2]), *limits = d2t::in((*inputs)[3]);
+  const int64_t B = state_t.shape[0];
+  const int k = top_k_of(attrs), kk = k * k;
+  const float eos = std::stof(d2t::attr(attrs, "eos", "0"));
+  const float t = info[0], prev_lp = info[1], lp = info[2];
+  const float NEG = -1e18f;  // translator.NEG
+  float* o = d2t::out((*outputs)[0]);
+  std::vector<float> all(kk + k);
+  std::vector<char> used(kk + k);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* s = state + b * k * 6;
+    for (int i = 0; i < k; ++i) {
+      const bool alive = s[i * 6 + 1] > 0.5f;
+      const float base = s[i * 6] * prev_lp;  // (scores * prev_lp)
+      for (int j = 0; j < k; ++j)  // (values + base) / lp, NEG for a finished beam
+        all[i * k + j] = alive ? (top[(b * k + i) * 2 * k + j] + base) / lp : NEG;
+      all[kk + i] = alive ? NEG : s[i * 6];  // a finished beam competes with its score
+    }
+    std::fill(used.begin(), used.end(), 0);
+    for (int slot = 0; slot < k; ++slot) {  // a stable sort, best first: ties to the lower pos
+      int best = -1;
+      for (int p = 0; p < kk + k; ++p)
+        if (!used[p] && (best < 0 || all[p] > all[best])) best = p;
+      used[best] = 1;
+      const bool kept = best >= kk;
+      const int parent = kept ? best - kk : best / k;
+      const float word = kept ? -1.0f : top[(b * k + parent) * 2 * k + k + best % k];
+      const bool alive = s[parent * 6 + 1] > 0.5f && word != eos && limits[b] > t;
+      float* q = o + (b * k + slot) * 6;
+      q[0] = all[best];
+      q[1] = alive ? 1.0f : 0.0f;
+      q[2] = word;
+      q[3] = static_cast<float>(parent);
+      q[4] = word < 0 ? 0.0f : word;  // the next step's token (a finished beam: any)
+      q[5] = static_cast<float>(b * k + parent);  // the cache row it continues
+    }
+  }
+  return MX_SUCCESS;
+}
+
+MXReturnValue update_backward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                              std::vector<MXTensor>* outputs, const OpResource& res) {
+  for (int i = 0; i < 4; ++i) {  // no gradient (bookkeeping)
+    const MXTensor& x = (*inputs)[1 + i];
+    std::memset(d2t::out((*outputs)[i]), 0, x.size() * sizeof(float));
+  }
+  return MX_SUCCESS;
+}
+
+MXReturnValue update_shape(const d2t::Attrs& attrs,
+                           std::vector<std::vector<unsigned int>>* in_shapes,
+                           std::vector<std::vector<unsigned int>>* out_shapes) {
+  const auto &top = (*in_shapes)[0], &state = (*in_shapes)[1], &info = (*in_shapes)[2],
+             &limits = (*in_shapes)[3];
+  const unsigned int k = top_k_of(attrs);
+  if (top.size() != 2 || state.size() != 3 || state[1] != k || state[2] != 6 ||
+      top[0] != state[0] * k || top[1] != 2 * k || info.size() != 1 || info[0] != 3 ||
+      limits.size() != 1 || limits[0] != state[0]) {
+    MX_ERROR_MSG << "d2t_beam_update: top (B*k, 2k), state (B, k, 6), info (3,), limits (B,)";
+    return MX_FAIL;
+  }
+  (*out_shapes)[0] = state;
+  return MX_SUCCESS;
+}
+
+}  // namespace
+
+REGISTER_OP(d2t_beam_update)
+.setForward(update_forward, "cpu")
+.setBackward(update_backward, "cpu")
+.setParseAttrs(d2t::parse_attrs<4>)
+.setInferType(d2t::float32_only)
+.setInferShape(update_shape);
+
+REGISTER_OP(d2t_take_shift_in)
+.setForward(take_shift_forward, "cpu")
+.setBackward(take_shift_backward, "cpu")
+.setParseAttrs(d2t::parse_attrs<3>)
+.setInferType(d2t::float32_only)
+.setInferShape(take_shift_shape);
+
+REGISTER_OP(d2t_row_topk)
+.setForward(topk_forward, "cpu")
+.setBackward(topk_backward, "cpu")
+.setParseAttrs(d2t::parse_attrs<2>)
+.setInferType(d2t::float32_only)
+.setInferShape(topk_shape);
