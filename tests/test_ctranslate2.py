@@ -21,6 +21,7 @@ import sys
 import mxnet as mx
 import numpy as onp
 import pytest
+from isolation import BLOCKER  # noqa: E402  (tests/isolation.py)
 from mxnet import np, npx
 
 import d2l_transformer as d2t
@@ -42,14 +43,6 @@ SUBWORD = d2t.TINY.replace(tokenizer="subword", vocab_size=400, num_examples=200
                            num_test=200, num_layers=2, embedding_size=32, ffn_hidden_size=64,
                            batch_size=64, min_freq=0, num_epochs=30, loss_reduction="token")
 CHAPTER = d2t.CHAPTER.replace(num_epochs=30)
-BLOCKER = """
-import importlib.abc, sys
-class Blocked(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "d2l_transformer":
-            raise ImportError("d2l_transformer is not available in this process")
-sys.meta_path.insert(0, Blocked())
-"""
 
 
 def ct2_translate(out, sentences, cfg, beam=1, length_penalty=0.0):

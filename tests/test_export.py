@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mxnet as mx
 import pytest
+from isolation import BLOCKER  # noqa: E402  (tests/isolation.py)
 
 import d2l_transformer as d2t
 from d2l_transformer import cli
@@ -21,16 +22,6 @@ from d2l_transformer.io import checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "exported_translate.py"
 CFG = d2t.TINY.replace(num_layers=2)
-# run in a fresh interpreter: -I (no PYTHONPATH, no user site, no script directory on the path)
-# and a finder that refuses the package, which the venv could otherwise import
-BLOCKER = """
-import importlib.abc, runpy, sys
-class Blocked(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "d2l_transformer":
-            raise ImportError("d2l_transformer is not available in this process")
-sys.meta_path.insert(0, Blocked())
-"""
 
 
 @pytest.fixture(scope="module")
