@@ -216,11 +216,18 @@ class MultiHeadAttention(nn.HybridBlock):
             self.W_qkv(query), 3, axis=-1)[0]  # (batch, q, hidden)
         return self._attend(F, query, key, value, valid_length)
 
+    def fuses(self, F):
+        """True when a call with `F` runs the fused attention kernel (a graph traced under
+        `kernels.fused`; not DropHead or the exact chapter), which reads no key past a row's
+        valid length (`DecoderStep` relies on it)."""
+        return F is mx.sym and kernels.active() and self.drophead is None \
+            and not self.exact_chapter and 0 <= self.attention.dropout._rate < 1 \
+            and bool(self.attention.query_size)
+
     def _attend(self, F, query, key, value, valid_length):
         """Split heads, attend, concatenate, project; query/key/value already projected."""
         rate = self.attention.dropout._rate
-        if F is mx.sym and kernels.active() and self.drophead is None and not self.exact_chapter \
-                and 0 <= rate < 1 and self.attention.query_size:
+        if self.fuses(F):
             # the lines below as one CPU operator (heads read in place, same values; the
             # weights' dropout drawn inside it, with MXNet's Dropout distribution)
             output_concat = kernels.attention(F, query, key, value, valid_length, self.num_heads,

@@ -343,7 +343,9 @@ class DecoderStep(nn.HybridBlock):
     newest position first (zeros at the start), then encoder keys, encoder values
     (rows, T, hidden) (`EncoderKV`). Only the new position is projected; the self caches shift
     by one row and take it in front, and the self-attention reads their first ``position + 1``
-    rows (the order of the keys does not change the attention), so the shapes never change and
+    rows (the order of the keys does not change the attention; with the fused kernels only
+    those rows are written, the others hold whatever they held and are never read: the fused
+    attention stops at the valid length), so the shapes never change and
     the step hybridizes (``static_alloc=True, static_shape=True``). log_probs: (rows, vocab),
     the log-softmax of the decoder's logits. The arithmetic is the decoder's own
     (`DecoderBlock._sublayers` with the projected keys/values); this block holds no weights.
@@ -369,10 +371,12 @@ class DecoderStep(nn.HybridBlock):
             K, V, K_enc, V_enc = caches[4 * i:4 * i + 4]
             Xn = blk.addnorm_1.prenorm(X)
             k, v = blk.attention_1.project_kv(Xn)  # the new position only: (rows, 1, hidden)
-            if F is mx.sym and kernels.active() and rows is not None:  # take + shift: one copy
-                K, V = kernels.take_shift_in(F, k, K, rows), kernels.take_shift_in(F, v, V, rows)
-            elif F is mx.sym and kernels.active():  # one copy instead of slice + concatenate
-                K, V = kernels.shift_in(F, k, K), kernels.shift_in(F, v, V)
+            fused = blk.attention_1.fuses(F)  # reads only the rows 0..position: write only them
+            if fused and rows is not None:  # take + shift: one copy
+                K = kernels.take_shift_in(F, k, K, rows, position)  # writes only the rows
+                V = kernels.take_shift_in(F, v, V, rows, position)  # 0..position it reads
+            elif fused:  # one copy instead of slice + concatenate
+                K, V = kernels.shift_in(F, k, K, position), kernels.shift_in(F, v, V, position)
             else:
                 if rows is not None:
                     K, V = F.np.take(K, rows, axis=0), F.np.take(V, rows, axis=0)

@@ -524,19 +524,24 @@ def test_fast_full_training_with_dropout_learns_and_repeats():
 
 
 class _ShiftIn(nn.HybridBlock):
-    def hybrid_forward(self, F, new, cache):
+    def hybrid_forward(self, F, new, cache, position):
         if kernels.active():
-            return kernels.shift_in(F, new, cache)
+            return kernels.shift_in(F, new, cache, position)
         return F.np.concatenate([new, cache[:, :-1]], axis=1)  # (rows, L, hidden)
 
 
 @needs_kernels
-def test_shift_in_equals_slice_and_concatenate():
-    """The decoding cache's one-copy update: value and gradients equal MXNet's slice +
-    concatenate (bit for bit: both only move numbers)."""
+@pytest.mark.parametrize("position", [6, 2, 0, 9])
+def test_shift_in_equals_slice_and_concatenate(position):
+    """The decoding cache's one-copy update: the rows 0..position (those the step's attention
+    reads; all 7 from position 6 on) and the gradients that reach them equal MXNet's slice +
+    concatenate, bit for bit (both only move numbers); the cache rows past them get no
+    gradient."""
     rng = onp.random.RandomState(0)
     new, cache = rng.randn(5, 1, 8).astype("float32"), rng.randn(5, 7, 8).astype("float32")
     head = rng.randn(5, 7, 8).astype("float32")
+    n = min(position, 6)  # cache rows kept
+    head[:, n + 1:] = 0  # the rows past the position: never read
     results = []
     for fused in (False, True):
         block = _ShiftIn()
@@ -545,9 +550,9 @@ def test_shift_in_equals_slice_and_concatenate():
         a.attach_grad()
         b.attach_grad()
         with autograd.record(), (kernels.fused(mx.cpu()) if fused else contextlib.nullcontext()):
-            out = block(a, b)
+            out = block(a, b, np.array([position], dtype="float32"))
         out.backward(np.array(head))
-        results.append([out.asnumpy(), a.grad.asnumpy(), b.grad.asnumpy()])
+        results.append([out.asnumpy()[:, :n + 1], a.grad.asnumpy(), b.grad.asnumpy()])
         if fused:
             assert "d2t_shift_in" in block._cached_graph[1].tojson()
     for x, y in zip(*results):
@@ -594,21 +599,24 @@ def test_unwritable_cache_falls_back_to_a_private_temporary_dir_or_mxnet(tmp_pat
 
 
 class _TakeShiftIn(nn.HybridBlock):
-    def hybrid_forward(self, F, new, cache, rows):
+    def hybrid_forward(self, F, new, cache, rows, position):
         if kernels.active():
-            return kernels.take_shift_in(F, new, cache, rows)
+            return kernels.take_shift_in(F, new, cache, rows, position)
         cache = F.np.take(cache, rows.astype("int32"), axis=0)  # (rows, L, hidden)
         return F.np.concatenate([new, cache[:, :-1]], axis=1)
 
 
 @needs_kernels
-def test_take_shift_in_equals_take_slice_and_concatenate():
+@pytest.mark.parametrize("position", [6, 3, 0])
+def test_take_shift_in_equals_take_slice_and_concatenate(position):
     """Beam search's cache update (each beam row continues its parent's cache, then takes the
-    new position in front) in one copy: value and gradients equal MXNet's take + slice +
-    concatenate, bit for bit, with rows repeated and rows left out."""
+    new position in front) in one copy: the rows 0..position and the gradients equal MXNet's
+    take + slice + concatenate, bit for bit, with rows repeated and rows left out."""
     rng = onp.random.RandomState(0)
     new, cache = rng.randn(6, 1, 8).astype("float32"), rng.randn(6, 7, 8).astype("float32")
     head = rng.randn(6, 7, 8).astype("float32")
+    n = min(position, 6)
+    head[:, n + 1:] = 0  # the rows past the position: never read
     rows = onp.array([0, 0, 3, 5, 5, 5], "float32")
     results = []
     for fused in (False, True):
@@ -618,12 +626,12 @@ def test_take_shift_in_equals_take_slice_and_concatenate():
         a.attach_grad()
         b.attach_grad()
         with autograd.record(), (kernels.fused(mx.cpu()) if fused else contextlib.nullcontext()):
-            out = block(a, b, np.array(rows))
+            out = block(a, b, np.array(rows), np.array([position], dtype="float32"))
         out.backward(np.array(head))
-        results.append([out.asnumpy(), a.grad.asnumpy(), b.grad.asnumpy()])
+        results.append([out.asnumpy()[:, :n + 1], a.grad.asnumpy(), b.grad.asnumpy()])
         if fused:
             assert "d2t_take_shift_in" in block._cached_graph[1].tojson()
-    expected = onp.concatenate([new, cache[rows.astype(int)][:, :-1]], axis=1)
+    expected = onp.concatenate([new, cache[rows.astype(int)][:, :-1]], axis=1)[:, :n + 1]
     assert (results[1][0] == expected).all()
     for x, y in zip(*results):
         assert onp.allclose(x, y, rtol=0, atol=1e-6)  # gradients: sums in another order

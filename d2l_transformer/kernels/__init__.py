@@ -231,19 +231,23 @@ def attention(F, query, key, value, valid_length, num_heads, causal, scale, drop
     return (out[0] if dropout > 0 else out).as_np_ndarray()  # (batch, Tq, hidden)
 
 
-def shift_in(F, new, cache):
-    """``concatenate([new, cache[:, :-1]], axis=1)`` in one operator (`cache.cc`), in a graph:
-    the decoding step's key/value cache taking its newest position in front. new: (rows, 1,
-    hidden); cache: (rows, L, hidden)."""
-    return F.d2t_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray()).as_np_ndarray()
+def shift_in(F, new, cache, position):
+    """``concatenate([new, cache[:, :-1]], axis=1)[:, :position + 1]`` in one operator
+    (`cache.cc`), in a graph: the decoding step's key/value cache taking its newest position in
+    front; only the ``position + 1`` rows the step reads are written (the others: whatever the
+    output buffer held). new: (rows, 1, hidden); cache: (rows, L, hidden); position: (1,)."""
+    return F.d2t_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray(),
+                          position.astype("float32").as_nd_ndarray()).as_np_ndarray()
 
 
-def take_shift_in(F, new, cache, rows):
-    """``concatenate([new, take(cache, rows)[:, :-1]], axis=1)`` in one operator (`beam.cc`), in
-    a graph: each beam row's cache continues the row it came from and takes its newest position
-    in front. new: (rows, 1, hidden); cache: (rows, L, hidden); rows: (rows,)."""
+def take_shift_in(F, new, cache, rows, position):
+    """``concatenate([new, take(cache, rows)[:, :-1]], axis=1)[:, :position + 1]`` in one
+    operator (`beam.cc`), in a graph: each beam row's cache continues the row it came from and
+    takes its newest position in front; only the rows the step reads are written, as
+    `shift_in`. new: (rows, 1, hidden); cache: (rows, L, hidden); rows: (rows,); position: (1,)."""
     return F.d2t_take_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray(),
-                               rows.astype("float32").as_nd_ndarray()).as_np_ndarray()
+                               rows.astype("float32").as_nd_ndarray(),
+                               position.astype("float32").as_nd_ndarray()).as_np_ndarray()
 
 
 def row_topk(F, x, bias, k):

@@ -1,10 +1,12 @@
 // Beam search's two per-step operations on the device (the translator's beam step graph),
 // MXNet 1.9's custom-operator library API:
 //
-//   d2t_take_shift_in(new, cache, rows) -> out
-//       out[r] = concatenate([new[r], cache[rows[r], :-1]]): the self-attention cache of the
-//       beam row r continues (take), with its newest position in front (shift_in), in one copy
-//       instead of take + shift. new: (R, 1, H); cache: (R, L, H); rows: (R,) as float32.
+//   d2t_take_shift_in(new, cache, rows, position) -> out
+//       out[r, :p + 1] = concatenate([new[r], cache[rows[r], :-1]])[:p + 1]: the self-attention
+//       cache of the beam row r continues (take), with its newest position in front
+//       (shift_in), in one copy of the p positions the step reads (cache.cc's d2t_shift_in:
+//       the rows after p are left as they are) instead of take + shift of the whole cache.
+//       new: (R, 1, H); cache: (R, L, H); rows: (R,) as float32; position: (1,), p.
 //   d2t_row_topk(x, bias, k) -> out (R, 2k)
 //       the k largest entries of each row of x + bias, best first: out[:, :k] their values
 //       (x + bias in float32), out[:, k:] their column ids (as float32, exact below 2^24); ties
@@ -32,30 +34,34 @@ MXReturnValue take_shift_forward(const d2t::Attrs& attrs, std::vector<MXTensor>*
                                  std::vector<MXTensor>* outputs, const OpResource& res) {
   const MXTensor &fresh = (*inputs)[0], &cache = (*inputs)[1], &rows_t = (*inputs)[2];
   const int64_t R = cache.shape[0], L = cache.shape[1], H = cache.shape[2];
+  const int64_t n = d2t::positions_kept(d2t::in((*inputs)[3]), L);
   const float *f = d2t::in(fresh), *c = d2t::in(cache), *rows = d2t::in(rows_t);
   float* o = d2t::out((*outputs)[0]);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t src = static_cast<int64_t>(rows[r]);
     std::memcpy(o + r * L * H, f + r * H, H * sizeof(float));
-    std::memcpy(o + r * L * H + H, c + src * L * H, (L - 1) * H * sizeof(float));
+    std::memcpy(o + r * L * H + H, c + src * L * H, n * H * sizeof(float));
   }
   return MX_SUCCESS;
 }
 
 // Gradients (MXNet's graphs ask for them even when nothing trains): the output's first row to
-// `new`, the others summed into the cache rows they came from; none to `rows`.
+// `new`, the next p summed into the cache rows they came from; none to `rows` or `position`.
 MXReturnValue take_shift_backward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
                                   std::vector<MXTensor>* outputs, const OpResource& res) {
-  const MXTensor &dout = (*inputs)[0], &rows_t = (*inputs)[3];  // then new, cache, rows
+  // inputs: dout, then new, cache, rows, position
+  const MXTensor &dout = (*inputs)[0], &rows_t = (*inputs)[3];
   const int64_t R = dout.shape[0], L = dout.shape[1], H = dout.shape[2];
+  const int64_t n = d2t::positions_kept(d2t::in((*inputs)[4]), L);
   const float *g = d2t::in(dout), *rows = d2t::in(rows_t);
   float *dnew = d2t::out((*outputs)[0]), *dcache = d2t::out((*outputs)[1]);
   std::memset(dcache, 0, R * L * H * sizeof(float));
   std::memset(d2t::out((*outputs)[2]), 0, R * sizeof(float));
+  d2t::out((*outputs)[3])[0] = 0.f;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t src = static_cast<int64_t>(rows[r]);
     std::memcpy(dnew + r * H, g + r * L * H, H * sizeof(float));
-    for (int64_t i = 0; i < (L - 1) * H; ++i) dcache[src * L * H + i] += g[r * L * H + H + i];
+    for (int64_t i = 0; i < n * H; ++i) dcache[src * L * H + i] += g[r * L * H + H + i];
   }
   return MX_SUCCESS;
 }
@@ -63,10 +69,13 @@ MXReturnValue take_shift_backward(const d2t::Attrs& attrs, std::vector<MXTensor>
 MXReturnValue take_shift_shape(const d2t::Attrs& attrs,
                                std::vector<std::vector<unsigned int>>* in_shapes,
                                std::vector<std::vector<unsigned int>>* out_shapes) {
-  const auto &fresh = (*in_shapes)[0], &cache = (*in_shapes)[1], &rows = (*in_shapes)[2];
+  const auto &fresh = (*in_shapes)[0], &cache = (*in_shapes)[1], &rows = (*in_shapes)[2],
+             &position = (*in_shapes)[3];
   if (fresh.size() != 3 || cache.size() != 3 || fresh[0] != cache[0] || fresh[1] != 1 ||
-      fresh[2] != cache[2] || cache[1] < 1 || rows.size() != 1 || rows[0] != cache[0]) {
-    MX_ERROR_MSG << "d2t_take_shift_in: new (R, 1, H), cache (R, L, H), rows (R,) expected";
+      fresh[2] != cache[2] || cache[1] < 1 || rows.size() != 1 || rows[0] != cache[0] ||
+      position.size() != 1 || position[0] != 1) {
+    MX_ERROR_MSG << "d2t_take_shift_in: new (R, 1, H), cache (R, L, H), rows (R,), "
+                    "position (1,) expected";
     return MX_FAIL;
   }
   (*out_shapes)[0] = cache;
@@ -211,7 +220,7 @@ REGISTER_OP(d2t_beam_update)
 REGISTER_OP(d2t_take_shift_in)
 .setForward(take_shift_forward, "cpu")
 .setBackward(take_shift_backward, "cpu")
-.setParseAttrs(d2t::parse_attrs<3>)
+.setParseAttrs(d2t::parse_attrs<4>)
 .setInferType(d2t::float32_only)
 .setInferShape(take_shift_shape);
 

@@ -25,6 +25,13 @@ inline std::string attr(const Attrs& attrs, const char* key, const char* fallbac
   return it == attrs.end() ? fallback : it->second;
 }
 
+// The cache rows a decoding step at position p keeps from the last step (d2t_shift_in,
+// d2t_take_shift_in): p of them, at most the L - 1 that fit behind the new one.
+inline int64_t positions_kept(const float* position, int64_t L) {
+  const int64_t p = static_cast<int64_t>(position[0]);
+  return p < 0 ? 0 : (p < L - 1 ? p : L - 1);
+}
+
 template <int NUM_IN>
 MXReturnValue parse_attrs(const Attrs& attrs, int* num_in, int* num_out) {
   *num_in = NUM_IN;
