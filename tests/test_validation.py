@@ -142,3 +142,27 @@ def test_overwrite_drops_the_replaced_runs_best_and_average(run, tmp_path):
     assert _summary(out)["epochs_done"] == 1 and "validation" not in _summary(out)
     assert not os.path.exists(os.path.join(out, "best"))
     assert not os.path.exists(os.path.join(out, "average"))
+
+
+def test_recipe_curves_plots_the_runs_validations(run, tmp_path, capsys):
+    """scripts/recipe_curves.py: the run's five validations as (epoch, minutes, BLEU) rows of
+    its table and a PNG; a run given without a label is a one-line usage error."""
+    import subprocess
+    import sys
+    from d2l_transformer.viz.png import validation_curve
+    records = _summary(run)["validation"]
+    assert validation_curve(_summary(run)) == [
+        (r["epoch"], r["train_seconds"] / 60, r["valid_bleu"]) for r in records]
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "recipe_curves.py")
+    png = str(tmp_path / "c.png")
+    done = subprocess.run([sys.executable, script, "--png", png, "--target", "20,40,goal",
+                           f"tiny={run}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| tiny |")]
+    assert [int(r.split("|")[2]) for r in rows] == [1, 2, 3, 4, 5]
+    assert [float(r.split("|")[4]) for r in rows] == [round(r["valid_bleu"], 2) for r in records]
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([sys.executable, script, "--png", png, run], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "label=MODEL_DIR" in bad.stderr.strip().splitlines()[-1]

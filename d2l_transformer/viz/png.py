@@ -90,3 +90,32 @@ def plot_attention_maps(model, src_tokens, tgt_tokens, src_vocab, tgt_vocab, num
     return [plot_attention(w, rows, cols, os.path.join(out_dir, f"attention_{kind}.png"),
                            f"{kind} attention: {sentence}")
             for kind, (w, rows, cols) in maps.items()]
+
+
+def plot_validation(curves, path, targets=()):
+    """Valid BLEU against minutes of training, one line per run: ``curves`` is
+    ``{label: [(epoch, minutes, bleu), ...]}`` (`validation_curve` of each run's summary.json);
+    ``targets``: ``[(minutes, bleu, label)]`` drawn as points to reach."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for label, points in curves.items():
+        ax.plot([m for _, m, _ in points], [b for _, _, b in points], marker="o", ms=3,
+                label=label)
+    for minutes, bleu, label in targets:
+        ax.plot([minutes], [bleu], marker="x", color="black", ms=8)
+        ax.annotate(label, (minutes, bleu), textcoords="offset points", xytext=(4, -10),
+                    fontsize=7)
+    ax.set_xlabel("minutes of training (validation excluded)")
+    ax.set_ylabel("valid BLEU (greedy)")
+    ax.grid(True)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def validation_curve(summary):
+    """``[(epoch, minutes, valid BLEU), ...]`` of a run's summary (summary.json's
+    ``validation`` records: each has the training seconds before it)."""
+    return [(r["epoch"], r["train_seconds"] / 60, r["valid_bleu"])
+            for r in summary.get("validation", [])]
