@@ -17,7 +17,6 @@ and positional encoding restarting at row 0 on every prediction step.
 
 import math
 
-import mxnet as mx
 from mxnet import autograd, np
 from mxnet.gluon import nn
 

@@ -149,6 +149,7 @@ def test_recipe_curves_plots_the_runs_validations(run, tmp_path, capsys):
     its table and a PNG; a run given without a label is a one-line usage error."""
     import subprocess
     import sys
+
     from d2l_transformer.viz.png import validation_curve
     records = _summary(run)["validation"]
     assert validation_curve(_summary(run)) == [
