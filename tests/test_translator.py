@@ -143,8 +143,44 @@ def test_device_beam_search_equals_the_host_loop(setup, which):
             with CTX, kernels.fused(CTX):  # the same step numbers; the books on the host
                 host = translator._search(sentences, k, 0.6, early_stop, k,
                                           books_on_device=False)
-                device = translator._search(sentences, k, 0.6, early_stop, k)
+                device = translator._search(sentences, k, 0.6, early_stop, k, compact=False)
             assert device == host, (which, no_unk, k, early_stop)
+
+
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+def test_finished_sentences_leaving_the_batch_change_nothing(setup, which):
+    """Greedy and beam search with the finished sentences dropped from the batch once half of
+    it has finished (the default) equal the same searches on the whole batch to the end: the
+    same n-best lists token for token, the scores to float rounding (a product over fewer rows
+    may sum in another order), in both early-stop modes; and the batch does shrink: sentences
+    of very different lengths finish at different steps."""
+    models, src_vocab, tgt_vocab, sentences = setup
+    translator = _translator(models[which], src_vocab, tgt_vocab, suppress=True, max_length=None)
+    batch = sorted(sentences, key=len)[::3] + [["go", "."] * 6]  # lengths 1 .. 12: limits differ
+    shrunk = []
+    original = translator._compact
+
+    def spy(keep, *args):
+        shrunk.append(len(keep))
+        return original(keep, *args)
+
+    translator._compact = spy
+
+    def same(compacted, whole):
+        assert [[h.tokens for h in best] for best in compacted] == \
+            [[h.tokens for h in best] for best in whole]
+        assert onp.allclose([h.score for best in compacted for h in best],
+                            [h.score for best in whole for h in best], rtol=0, atol=1e-5)
+
+    for early_stop in (True, False):
+        same(translator._greedy(batch, 0.6, early_stop),
+             translator._greedy(batch, 0.6, early_stop, compact=False))
+        if kernels.load():
+            with CTX, kernels.fused(CTX):
+                for k in (1, 2, 4):
+                    same(translator._device_search(batch, k, 0.6, early_stop, k),
+                         translator._device_search(batch, k, 0.6, early_stop, k, compact=False))
+    assert shrunk and min(shrunk) < len(batch) // 2, shrunk
 
 
 def test_batches_and_order_do_not_change_a_translation(setup):

@@ -5,7 +5,8 @@ and the attention weights of a translation (the corrected model of d2l 9.3).
 ids (unknown words -> ``<unk>``; no ``<eos>`` is appended, the chapter's sources have none),
 each sentence padded with ``<pad>`` to max(`num_steps`, the batch's longest) and never
 truncated; its valid length is its number of tokens. The encoder masks the padding, so a
-sentence's translation does not depend on the other sentences of its batch.
+sentence's translation does not depend on the other sentences of its batch (its tokens; its
+score to float rounding, since a matrix product's blocking depends on its number of rows).
 
 **The search** is the beam search of gluonnlp 0.10's ``BeamSearchSampler`` with GNMT's score
 (Wu et al. 2016; the Transformer paper, 6.1, uses beam 4 and alpha 0.6): a hypothesis Y scores
@@ -18,7 +19,9 @@ encoder's keys and values (`model.EncoderKV`) are projected once per sentence. G
 (beam size 1) runs the same step graph and the same score, pipelined (`Translator._greedy`), and
 equals this search with one beam token for token and score for score (tested). A sentence
 emits at most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``); a
-batch stops when all its beams have finished.
+batch stops when all its beams have finished, and once half of its sentences have finished,
+these leave the batch, so that the remaining steps run on the live rows only (as CTranslate2
+does; `Translator._compact`).
 
 **Special tokens** never appear in a translation: ``<pad>`` and ``<bos>`` (and ``<unk>`` with
 ``no_unk=True``, as CTranslate2's ``disable_unk``) get a score of -1e18 added to their
@@ -351,12 +354,14 @@ class Translator:
             caches += [empty, empty, enc_kv[i], enc_kv[i + 1]]
         return caches, valid_length, limits, steps
 
-    def _search(self, sentences, k, alpha, early_stop, n=1, *, books_on_device=True):
+    def _search(self, sentences, k, alpha, early_stop, n=1, *, books_on_device=True,
+                compact=True):
         """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1).
-        With the fused kernels the device keeps the books too (`_device_search`), unless
+        With the fused kernels the device keeps the books too (`_device_search`, which drops
+        finished sentences from the batch unless `compact` is False), unless
         `books_on_device` is False (tests: the host loop on the same step's numbers)."""
         if kernels.active() and books_on_device:
-            return self._device_search(sentences, k, alpha, early_stop, n)
+            return self._device_search(sentences, k, alpha, early_stop, n, compact=compact)
         model = self.model
         step = _graph(model, ("beam step", k, self.ctx.device_type),
                       lambda: _BeamStep(model.decoder, k))
@@ -394,11 +399,19 @@ class Translator:
             control = np.array(tokens, ctx=ctx)  # the step's one upload
         return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
 
-    def _device_search(self, sentences, k, alpha, early_stop, n=1):
+    def _device_search(self, sentences, k, alpha, early_stop, n=1, *, compact=True):
         """`_search` with the ranking and the bookkeeping in the step graph (`_BeamUpdateStep`),
         the same hypotheses and scores bit for bit (tested), pipelined as `_greedy`: the host
         reads step t's (B, k, 6) state while the device runs step t + 1; when all beams have
-        finished, the one step already started is dropped."""
+        finished, the one step already started is dropped.
+
+        ``compact`` (CTranslate2 does the same): once half the batch's sentences have
+        finished, their rows leave the batch (`_compact`), so that the steps left run on the
+        live sentences only. A finished sentence's step is the identity (its beams keep their
+        places and scores, word -1), so its books are filled in as such on the host. The
+        sentences left get the same tokens; their scores may differ in the last float bits, as
+        they do in a batch of another size (the matrix products' blocking depends on the
+        number of rows): tested to 1e-5, like the batch-independence of a translation."""
         model = self.model
         step = _graph(model, ("beam update step", k, self.eos, self.ctx.device_type),
                       lambda: _BeamUpdateStep(model.decoder, k, self.eos))
@@ -413,7 +426,9 @@ class Translator:
         infos = [np.array([t, *self._penalties(t, alpha)], dtype="float32", ctx=ctx)
                  for t in range(1, steps + 1)]  # (3,) each: t, lp(t - 1), lp(t)
         positions = self._positions(steps)
-        words, parents, scores = [], [], None
+        words, parents = [], []
+        scores = onp.full((B, k), NEG, "float32")  # each sentence's, kept when it leaves
+        live = onp.arange(B)  # the sentences in the device's rows, in order
         run, done = functools.partial(_run, step), None
         for t in range(1, steps + 2):
             if t <= steps:  # step t starts on the device ...
@@ -423,22 +438,51 @@ class Translator:
                     run = _graphs.bound(step)
                 caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
             if done is not None:  # ... while the host reads step t - 1's books
-                books = done.asnumpy()  # (B, k, 6)
-                scores = books[:, :, 0]
-                words.append(books[:, :, 2].astype("int64"))
-                parents.append(books[:, :, 3].astype("int64"))
-                if (early_stop and not (books[:, :, 1] > 0).any()) or t > steps:
+                books, rows = done[0].asnumpy(), done[1]  # (len(rows), k, 6)
+                word = onp.full((B, k), -1, "int64")  # a finished sentence's step: identity
+                parent = onp.tile(onp.arange(k), (B, 1))  # (B, k)
+                word[rows], parent[rows] = books[:, :, 2], books[:, :, 3]
+                scores[rows] = books[:, :, 0]
+                words.append(word)
+                parents.append(parent)
+                alive = (books[:, :, 1] > 0).any(axis=1)  # (len(rows),) per sentence
+                if (early_stop and not alive.any()) or t > steps:
                     break
-            done = state
+                if compact and t < steps and 0 < 2 * alive.sum() <= len(rows):
+                    keep = onp.flatnonzero(alive)  # finished after step t - 1: after t too
+                    state, valid_length, limits_dev = self._compact(
+                        keep, k, state, valid_length, limits_dev, caches)
+                    live = live[keep]
+            done = state, live
         return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
 
-    def _greedy(self, sentences, alpha, early_stop):
+    def _compact(self, keep, k, state, valid_length, limits, caches):
+        """The device's batch cut to the sentences `keep` (positions in it, ascending): their
+        `state` (beam search's, its cache rows renumbered; greedy's next tokens (B, 1) when
+        k = 1), valid lengths, `limits` (None: kept on the host) and caches (in place in the
+        list `caches`). Returns ``(state, valid_length, limits)``."""
+        ctx = self.ctx
+        sentences = np.array(keep, dtype="int32", ctx=ctx)  # (B',)
+        rows = np.array((keep[:, None] * k + onp.arange(k)).reshape(-1), dtype="int32",
+                        ctx=ctx)  # (B' * k,): each kept sentence's k beam rows
+        state = np.take(state, sentences, axis=0)  # (B', k, 6) or (B', 1)
+        if state.ndim == 3:  # beam search's: the cache row = its sentence's new first row +
+            # its parent
+            first = np.arange(len(keep), dtype="float32", ctx=ctx).reshape(-1, 1, 1) * k
+            state = np.concatenate([state[:, :, :5], first + state[:, :, 3:4]], axis=2)
+        for i, cache in enumerate(caches):  # self keys/values, encoder keys/values
+            caches[i] = np.take(cache, rows, axis=0)  # (B' * k, L or T, hidden)
+        return (state, np.take(valid_length, rows, axis=0),
+                None if limits is None else np.take(limits, sentences, axis=0))
+
+    def _greedy(self, sentences, alpha, early_stop, *, compact=True):
         """`_search` with one beam, token for token and score for score (tested), pipelined:
         the device picks each step's tokens (`_GreedyStep`) and runs the next step while the
         host reads this one's two small outputs and keeps the books (`_greedy_update`), so
         the host's work (~1 ms a step at batch 64) overlaps the device's. A sentence that has
-        finished keeps being fed its argmax, which nothing reads; when all have finished, the
-        one step already started is dropped."""
+        finished keeps being fed its argmax, which nothing reads, until half the batch has
+        finished: then the finished sentences leave the batch (``compact``, as in
+        `_device_search`). When all have finished, the one step already started is dropped."""
         model = self.model
         step = _graph(model, ("greedy step", self.ctx.device_type),
                       lambda: _GreedyStep(model.decoder))
@@ -447,6 +491,7 @@ class Translator:
         scores, alive = onp.zeros((B, 1), dtype="float32"), onp.ones((B, 1), dtype=bool)
         tokens = np.full((B, 1), self.bos, ctx=self.ctx)  # (B, 1)
         positions = self._positions(steps)
+        live = onp.arange(B)  # the sentences in the device's rows, in order
         words, run, done = [], functools.partial(_run, step), None
         for t in range(1, steps + 2):
             if t <= steps:  # step t starts on the device ...
@@ -456,15 +501,23 @@ class Translator:
                     run = _graphs.bound(step)
                 caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
             if done is not None:  # ... while the host reads step t - 1's picks
-                ids, values = done
+                ids, values, rows = done
                 prev_lp, lp = self._penalties(t - 1, alpha)
-                scores, word = _greedy_update(ids.asnumpy().astype("int64"),  # (B, 1)
-                                              values.asnumpy()[:, None], scores, alive, prev_lp, lp)
+                word = onp.full((B, 1), -1, "int64")  # a finished sentence's: -1
+                scores[rows], word[rows] = _greedy_update(
+                    ids.asnumpy().astype("int64"), values.asnumpy()[:, None], scores[rows],
+                    alive[rows], prev_lp, lp)  # (len(rows), 1) each
                 alive &= (word != self.eos) & (limits[:, None] > t - 1)
                 words.append(word)
                 if (early_stop and not alive.any()) or t > steps:
                     break
-            done = tokens, best
+                if compact and t < steps and 0 < 2 * alive[rows].sum() <= len(rows):
+                    keep = onp.flatnonzero(alive[rows, 0])
+                    tokens, valid_length, _ = self._compact(keep, 1, tokens, valid_length, None,
+                                                            caches)
+                    best = np.take(best, np.array(keep, dtype="int32", ctx=self.ctx))  # (B',)
+                    live = live[keep]
+            done = tokens, best, live
         words = onp.stack(words)  # (steps run, B, 1)
         return self._hypotheses(words, onp.zeros_like(words), scores)
 
