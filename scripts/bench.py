@@ -29,7 +29,9 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     2: the translator's OpenMP threads capped at 2, CTranslate2's ``intra_threads=2``); the three
     engines alternate batch by batch in one process, ``--repeats`` rounds over all the
     sentences (default 3), a row's value is its median over the rounds, start-up (loading,
-    each engine's first batch) excluded;
+    each engine's first batch) excluded. ``--model DIR``: (f) and (i) translate with that
+    trained model directory instead (its own test split and tokenizer): sentences then end
+    where the model ends them, as in use;
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
@@ -254,14 +256,21 @@ def _translation_setup(s):
 
     import d2l_transformer as d2t
     from d2l_transformer.data.split import split_corpus
+    from d2l_transformer.io import checkpoint
     from d2l_transformer.training.run import load_data
-    cfg = s["full_cfg"]
-    d2t.set_seed(0)
-    src_vocab, tgt_vocab, _, tokenizer = load_data(cfg, cfg.batch_size)
+    model_dir = os.environ.get(MODEL_ENV)
+    _translation_setup.model_dir = model_dir
+    if model_dir:  # --model DIR: a trained model, its own split and tokenizer
+        model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(model_dir, mx.cpu())
+        tokenizer = checkpoint.load_tokenizer(model_dir, cfg)
+    else:
+        cfg = s["full_cfg"]
+        d2t.set_seed(0)
+        src_vocab, tgt_vocab, _, tokenizer = load_data(cfg, cfg.batch_size)
+        d2t.set_seed(0)
+        model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+        model.initialize(init.Xavier(), ctx=mx.cpu())
     _, _, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, by=cfg.split_by)
-    d2t.set_seed(0)
-    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
-    model.initialize(init.Xavier(), ctx=mx.cpu())
     _translation_setup.tokenizer = tokenizer  # (i) saves the model directory with it
     return model, src_vocab, tgt_vocab, cfg, [tokenizer.encode(t) for t in test.source]
 
@@ -332,8 +341,9 @@ def ct2_rounds(s, beam, repeats, threads):
     X = mx.np.ones((1, 2))  # (batch, seq_len): the deferred shapes, before saving
     model(X, X, mx.np.array([2]))
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = checkpoint.save(os.path.join(tmp, "model"), model, src_vocab, tgt_vocab, cfg,
-                                    tokenizer=_translation_setup.tokenizer)
+        model_dir = _translation_setup.model_dir or checkpoint.save(
+            os.path.join(tmp, "model"), model, src_vocab, tgt_vocab, cfg,
+            tokenizer=_translation_setup.tokenizer)
         engines = {}
         for q in ("float32", "int8"):
             export(model_dir, os.path.join(tmp, q), format="ctranslate2",
@@ -386,6 +396,7 @@ def ct2_row(s, key, params_path, repeats, threads):
 
 
 SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
+MODEL_ENV = "D2L_TRANSFORMER_BENCH_MODEL"  # --model DIR, for the row's process
 
 
 def _serving_sizes(quick):
@@ -734,6 +745,9 @@ def main(argv=None):
                    help="run only this group of rows (and its ratios)")
     p.add_argument("--serve-model", default=None, metavar="DIR",
                    help="(g): serve this model directory (default: train the chapter preset)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="(f), (i): translate with this trained model directory (its test split "
+                        "and tokenizer) instead of a random-weight `full` model")
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -747,6 +761,8 @@ def main(argv=None):
                 ROW_ENV[key] = {"D2L_TRANSFORMER_MAX_THREADS": str(args.threads)}
     if args.serve_model:  # the row's process reads it from its environment
         os.environ[SERVE_MODEL_ENV] = os.path.abspath(args.serve_model)
+    if args.model:
+        os.environ[MODEL_ENV] = os.path.abspath(args.model)
     if args.row:  # child: measure one row, print its JSON
         # first: its NumPy-alias shim must precede every import of mxnet (Python 3.12+); its
         # import of mxnet runs the role and exits in a dist_sync scheduler or server
