@@ -209,8 +209,8 @@ TINY = TransformerConfig(embedding_size=16, ffn_hidden_size=32, num_heads=2, num
                          batch_size=16, num_epochs=3, num_examples=200)
 # All ~167k pairs, valid and test held out by source sentence (data.split). FULL: sentencepiece
 # subwords, cased (docs/data.md), 15 epochs: the one-hour recipe of a 2-core CPU, chosen by valid
-# BLEU against a wider model (docs/evaluation.md, "The one-hour recipe"); FULL_WORD: the
-# chapter's lower-cased words with min_freq 10, for comparison, 3 epochs
+# BLEU against a wider model (docs/evaluation.md, "The one-hour recipe"); FULL_WORD: the same
+# recipe on the chapter's lower-cased words with min_freq 10, for comparison
 # FULL_V1, FULL_WORD_V1: the same with MXNet's Adam (beta2 0.999, epsilon 1e-8) and the chapter's
 # clipping of the summed loss's gradient, as the published two-epoch figures were trained
 # (docs/evaluation.md); the paper's Adam and the per-token clip learn faster (docs/evaluation.md)
@@ -220,8 +220,8 @@ FULL_WORD_V1 = TransformerConfig(
     label_smoothing=0.1, warmup_steps=400, num_valid=2000, num_test=2000, num_buckets=10,
     loss_reduction="token")
 FULL_V1 = FULL_WORD_V1.replace(tokenizer="subword", vocab_size=4000, min_freq=0)
-FULL_WORD = FULL_WORD_V1.replace(beta2=0.98, epsilon=1e-9, clip_per_token=True)
-FULL = FULL_WORD.replace(tokenizer="subword", vocab_size=4000, min_freq=0, num_epochs=15)
+FULL_WORD = FULL_WORD_V1.replace(beta2=0.98, epsilon=1e-9, clip_per_token=True, num_epochs=15)
+FULL = FULL_WORD.replace(tokenizer="subword", vocab_size=4000, min_freq=0)
 # The paper's base model (Vaswani et al. 2017, Table 3), for a GPU
 _BASE = dict(embedding_size=512, ffn_hidden_size=2048, num_heads=8, num_layers=6, batch_size=256,
              lr=0.0007, num_epochs=30, warmup_steps=4000)
