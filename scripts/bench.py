@@ -250,7 +250,8 @@ def _translation_setup(s):
     """(f): a model of the `full` preset (d=128, FFN 512, 4 heads, 2+2 layers) with random
     weights (seed 0), its own vocabularies (sentencepiece, 4,000 pieces a side) and the source
     sentences of its held-out test split, tokenized by its tokenizer (with random weights only
-    their lengths matter)."""
+    their lengths matter); with ``--model DIR``, that trained model, its vocabularies, its
+    tokenizer and its test split instead."""
     import mxnet as mx
     from mxnet import init
 

@@ -143,7 +143,8 @@ def test_device_beam_search_equals_the_host_loop(setup, which):
             with CTX, kernels.fused(CTX):  # the same step numbers; the books on the host
                 host = translator._search(sentences, k, 0.6, early_stop, k,
                                           books_on_device=False)
-                device = translator._search(sentences, k, 0.6, early_stop, k, compact=False)
+                device = translator._device_search(sentences, k, 0.6, early_stop, k,
+                                                   compact=False)  # the whole batch throughout
             assert device == host, (which, no_unk, k, early_stop)
 
 

@@ -354,14 +354,12 @@ class Translator:
             caches += [empty, empty, enc_kv[i], enc_kv[i + 1]]
         return caches, valid_length, limits, steps
 
-    def _search(self, sentences, k, alpha, early_stop, n=1, *, books_on_device=True,
-                compact=True):
+    def _search(self, sentences, k, alpha, early_stop, n=1, *, books_on_device=True):
         """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1).
-        With the fused kernels the device keeps the books too (`_device_search`, which drops
-        finished sentences from the batch unless `compact` is False), unless
+        With the fused kernels the device keeps the books too (`_device_search`), unless
         `books_on_device` is False (tests: the host loop on the same step's numbers)."""
         if kernels.active() and books_on_device:
-            return self._device_search(sentences, k, alpha, early_stop, n, compact=compact)
+            return self._device_search(sentences, k, alpha, early_stop, n)
         model = self.model
         step = _graph(model, ("beam step", k, self.ctx.device_type),
                       lambda: _BeamStep(model.decoder, k))
