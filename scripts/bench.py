@@ -326,61 +326,101 @@ def translate_row(s, key, params_path):
     return value, {k: v for k, v in pair.items() if k not in ("old", "new")}
 
 
+def _engine_worker(conn, engine, model_dir, beam, length, threads, sentences, batch):
+    """(i) one engine in a process of its own: load it, translate the first batch (warm-up:
+    graphs, memory plans), then on each request time all `sentences`, `batch` at a time, and
+    send back ``(seconds, translations)``. The parent runs one engine at a time, so no other
+    engine's threads are ever awake beside the one being timed."""
+    if engine == "ours":  # OpenMP threads: the translator's choice, at most `threads` (ROW_ENV)
+        # the package first: it configures MXNet's threads
+        from d2l_transformer.inference.translator import Translator  # noqa: I001
+        from d2l_transformer.io import checkpoint
+        import mxnet as mx
+        model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(model_dir, mx.cpu())
+        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
+                                max_length=length, batch_size=batch)
+
+        def decode(part):
+            return [h.tokens for h in translator.translate(part, beam_size=beam, alpha=0.0)]
+    else:
+        import ctranslate2
+        translator = ctranslate2.Translator(os.path.join(model_dir, engine), device="cpu",
+                                            intra_threads=threads, inter_threads=1)
+        with open(os.path.join(model_dir, "options.json")) as f:
+            options = json.load(f)
+
+        def decode(part):
+            return [r.hypotheses[0] for r in translator.translate_batch(part, **options)]
+    decode(sentences[:batch])
+    conn.send("ready")
+    while conn.recv() == "run":
+        out, tic = [], time.perf_counter()
+        for i in range(0, len(sentences), batch):
+            out += decode(sentences[i:i + batch])
+        conn.send((time.perf_counter() - tic, out, _peak_rss_mb()))
+
+
 def ct2_rounds(s, beam, repeats, threads):
     """(i) sentences/s of the translator and of CTranslate2 float32 and int8 on the same model
-    and sentences, alternating batch by batch, `repeats` rounds; medians over the rounds."""
-    import ctranslate2
+    and sentences, `repeats` rounds; in each round every engine translates all the sentences in
+    turn, each in a process of its own (`_engine_worker`), the others idle; medians over the
+    rounds. One process for all three, alternating batch by batch, measured the engines' idle
+    thread pools instead: there CTranslate2 float32 beam 4 ran at ~290 sentences/s beside an
+    idle int8 translator and at ~750-950 alone (docs/benchmarks.md)."""
+    import multiprocessing
+
     import mxnet as mx
 
     from d2l_transformer.inference.export import export
     from d2l_transformer.inference.export.ctranslate2 import decoding_options
-    from d2l_transformer.inference.translator import Translator
     from d2l_transformer.io import checkpoint
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
     length, batch = s["translate_length"], 64
     X = mx.np.ones((1, 2))  # (batch, seq_len): the deferred shapes, before saving
     model(X, X, mx.np.array([2]))
+    engines = ("ours", "float32", "int8")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = _translation_setup.model_dir or checkpoint.save(
             os.path.join(tmp, "model"), model, src_vocab, tgt_vocab, cfg,
             tokenizer=_translation_setup.tokenizer)
-        engines = {}
-        for q in ("float32", "int8"):
+        for q in engines[1:]:
             export(model_dir, os.path.join(tmp, q), format="ctranslate2",
                    quantization=None if q == "float32" else q)
-            engines[q] = ctranslate2.Translator(os.path.join(tmp, q), device="cpu",
-                                                intra_threads=threads, inter_threads=1)
-    translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
-                            max_length=length, batch_size=batch)
-    options = {**decoding_options(cfg, 0), "beam_size": beam, "max_decoding_length": length}
-
-    def ours(part):  # OpenMP threads: the translator's choice, at most `threads` (`ROW_ENV`)
-        return [h.tokens for h in translator.translate(part, beam_size=beam, alpha=0.0)]
-
-    paths = {"ours": ours}
-    for q, engine in engines.items():
-        paths[q] = functools.partial(
-            lambda part, engine: [r.hypotheses[0] for r in engine.translate_batch(part, **options)],
-            engine=engine)
-    for decode in paths.values():
-        decode(sentences[:batch])  # warm-up: graphs, memory plans
-    rounds, tokens = [], {}
-    for _ in range(repeats):
-        seconds = dict.fromkeys(paths, 0.0)
-        tokens = {name: [] for name in paths}
-        for i in range(0, len(sentences), batch):
-            for name, decode in paths.items():
-                tic = time.time()
-                tokens[name] += decode(sentences[i:i + batch])
-                seconds[name] += time.time() - tic
-        rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
-    return {"values": {name: statistics.median(r[name] for r in rounds) for name in paths},
+        with open(os.path.join(tmp, "options.json"), "w") as f:
+            json.dump({**decoding_options(cfg, 0), "beam_size": beam,
+                       "max_decoding_length": length}, f)
+        spawn = multiprocessing.get_context("spawn")  # no copy of this process's MXNet state
+        workers = {}
+        try:
+            for name in engines:
+                conn, child = spawn.Pipe()
+                proc = spawn.Process(target=_engine_worker, daemon=True, args=(
+                    child, name, model_dir if name == "ours" else tmp, beam, length, threads,
+                    sentences, batch))
+                proc.start()
+                if conn.recv() != "ready":
+                    raise RuntimeError(f"the {name} engine did not start")
+                workers[name] = conn, proc
+            rounds, tokens, rss = [], {}, {}
+            for _ in range(repeats):
+                seconds = {}
+                for name, (conn, _) in workers.items():
+                    time.sleep(0.5)  # the engine before has gone idle
+                    conn.send("run")
+                    seconds[name], tokens[name], rss[name] = conn.recv()
+                rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
+        finally:
+            for conn, proc in workers.values():
+                conn.send("stop")
+                proc.join(timeout=60)
+    return {"values": {name: statistics.median(r[name] for r in rounds) for name in engines},
             "rounds": rounds, "sentences": len(sentences), "beam": beam, "max_length": length,
             "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
             "same_as_ours": {q: sum(a == b for a, b in zip(tokens["ours"], tokens[q]))
-                             for q in engines},
-            "threads": threads, "peak_rss_mb": _peak_rss_mb()}
+                             for q in engines[1:]},
+            "threads": threads, "processes": "one per engine, one engine at a time",
+            "engine_peak_rss_mb": rss}  # each engine's process
 
 
 def ct2_row(s, key, params_path, repeats, threads):
@@ -393,7 +433,8 @@ def ct2_row(s, key, params_path, repeats, threads):
     with open(path) as f:
         result = json.load(f)
     engine = key.split("_")[1]
-    return result["values"][engine], {k: v for k, v in result.items() if k != "values"}
+    return result["values"][engine], {**{k: v for k, v in result.items() if k != "values"},
+                                      "peak_rss_mb": result["engine_peak_rss_mb"][engine]}
 
 
 SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
