@@ -26,7 +26,7 @@ from .inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
 from .inference.export import FORMATS as EXPORT_FORMATS
 from .inference.export.ctranslate2 import QUANTIZATIONS
 from .inference.limits import SentenceError, sentence_tokens
-from .inference.text import TranslationError, no_unk_for, translate_tokens
+from .inference.text import TranslationError, translate_tokens, translator_options
 from .inference.translator import ALPHA, BEAM_SIZE, Translator
 from .io import checkpoint
 from .training import book_line
@@ -91,8 +91,8 @@ def cmd_translate(args):
             print(f"wrote {path}", file=sys.stderr)
     if args.attention_html and good:  # the interactive explorer, data inlined
         from .viz.attention_html import explorer_items, write_explorer
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
-                                no_unk=no_unk_for(cfg, args.no_unk))
+        translator = Translator(model, src_vocab, tgt_vocab, ctx,
+                                **translator_options(cfg, args.no_unk))
         texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
         write_explorer(args.attention_html,
                        explorer_items(translator, tokenizer, texts, args.beam, args.alpha))

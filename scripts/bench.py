@@ -333,12 +333,13 @@ def _engine_worker(conn, engine, model_dir, beam, length, threads, sentences, ba
     engine's threads are ever awake beside the one being timed."""
     if engine == "ours":  # OpenMP threads: the translator's choice, at most `threads` (ROW_ENV)
         # the package first: it configures MXNet's threads
-        from d2l_transformer.inference.translator import Translator  # noqa: I001
+        from d2l_transformer.inference.text import translator_options  # noqa: I001
+        from d2l_transformer.inference.translator import Translator
         from d2l_transformer.io import checkpoint
         import mxnet as mx
         model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(model_dir, mx.cpu())
-        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
-                                max_length=length, batch_size=batch)
+        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), max_length=length,
+                                batch_size=batch, **translator_options(cfg))  # as the CLI
 
         def decode(part):
             return [h.tokens for h in translator.translate(part, beam_size=beam, alpha=0.0)]
@@ -373,6 +374,7 @@ def ct2_rounds(s, beam, repeats, threads):
 
     from d2l_transformer.inference.export import export
     from d2l_transformer.inference.export.ctranslate2 import decoding_options
+    from d2l_transformer.inference.text import translator_options
     from d2l_transformer.io import checkpoint
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
@@ -387,9 +389,10 @@ def ct2_rounds(s, beam, repeats, threads):
         for q in engines[1:]:
             export(model_dir, os.path.join(tmp, q), format="ctranslate2",
                    quantization=None if q == "float32" else q)
-        with open(os.path.join(tmp, "options.json"), "w") as f:
+        with open(os.path.join(tmp, "options.json"), "w") as f:  # <unk> as the translator's
             json.dump({**decoding_options(cfg, 0), "beam_size": beam,
-                       "max_decoding_length": length}, f)
+                       "max_decoding_length": length,
+                       "disable_unk": translator_options(cfg)["no_unk"]}, f)
         spawn = multiprocessing.get_context("spawn")  # no copy of this process's MXNet state
         workers = {}
         try:

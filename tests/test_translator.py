@@ -225,6 +225,30 @@ def test_encoder_never_truncates_and_pads_to_num_steps(setup):
     assert X.shape == (1, CFG.num_steps)
 
 
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+def test_padding_each_batch_to_its_longest_source_changes_no_translation(setup, which):
+    """``pad_to_num_steps=False`` (subword models, `translator_options`): a batch is padded to
+    its longest source, not to num_steps; the encoder masks the padding, so the same tokens
+    and the scores to float rounding, greedy and beam 3, on the untrained model's near-ties
+    too."""
+    from d2l_transformer.inference.text import translator_options
+
+    models, src_vocab, tgt_vocab, sentences = setup
+    short = [s for s in sentences if len(s) <= 4]  # all far below num_steps (10)
+    assert len(short) >= 10
+    padded = _translator(models[which], src_vocab, tgt_vocab)
+    tight = _translator(models[which], src_vocab, tgt_vocab, pad_to_num_steps=False)
+    assert tight.encode_source(short)[0].shape == (len(short), max(map(len, short)))
+    assert padded.encode_source(short)[0].shape == (len(short), CFG.num_steps)
+    for beam in (1, 3):
+        a, b = padded.translate(short, beam_size=beam), tight.translate(short, beam_size=beam)
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        onp.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
+    assert translator_options(CFG)["pad_to_num_steps"]  # the chapter's words: its padding
+    assert not translator_options(CFG.replace(tokenizer="subword", vocab_size=100))[
+        "pad_to_num_steps"]
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_cached_step_equals_full_decoding(setup, fused):
     """Step by step through the key/value cache (each step projects only its position) == the

@@ -21,7 +21,7 @@ import threading
 from mxnet import npx
 
 from ..context import parse_ctx
-from ..inference.text import no_unk_for
+from ..inference.text import translator_options
 from ..inference.translator import ALPHA, Translator
 from ..io import checkpoint
 from . import ServeError
@@ -126,8 +126,8 @@ class Engine:
         model, self.src_vocab, self.tgt_vocab, cfg, summary = checkpoint.load(self.model_dir, ctx)
         self.tokenizer = checkpoint.load_tokenizer(self.model_dir, cfg)
         self.translator = Translator(model, self.src_vocab, self.tgt_vocab, ctx,
-                                     num_steps=cfg.num_steps, batch_size=self.max_batch,
-                                     no_unk=no_unk_for(cfg))  # <unk>: as `translate` does
+                                     batch_size=self.max_batch,
+                                     **translator_options(cfg))  # as `translate` does
         self.max_positions = model.encoder.pos_encoding.max_len
         self.enc_layers = len(model.encoder._active_blocks())
         self.dec_layers, self.heads = len(model.decoder._active_blocks()), cfg.num_heads

@@ -12,6 +12,7 @@ from ..book import SENTENCES
 from ..data import WordTokenizer, detokenize_words, load_data_nmt, load_data_split, split_corpus
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..inference.decode import predict_s2s_ch8
+from ..inference.text import translator_options
 from ..inference.translator import Translator
 from ..io import checkpoint
 from ..model import build_model
@@ -121,8 +122,7 @@ def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
     chapter's behaviour): ``{sentence: translation}``. A subword model gets them as text
     (``Go.``) through its tokenizer, greedy, and answers in text."""
     if tokenizer is not None and tokenizer.kind != "word":
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
-                                no_unk=True)
+        translator = Translator(model, src_vocab, tgt_vocab, ctx, **translator_options(cfg))
         hyps = translator.translate([tokenizer.encode(detokenize_words(s)) for s in SENTENCES])
         return {s: tokenizer.decode(h.tokens) for s, h in zip(SENTENCES, hyps)}
     return {s: predict_s2s_ch8(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx)
