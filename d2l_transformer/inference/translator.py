@@ -144,6 +144,26 @@ class _BeamUpdateStep(nn.HybridBlock):
         return (kernels.beam_update(F, top, state, info, limits, self.k, self.eos), *new_caches)
 
 
+class _FirstBeamStep(nn.HybridBlock):
+    """`_BeamUpdateStep`'s first step on one row per sentence: at step 1 a sentence's k beams
+    are all ``<bos>`` on the same caches, so one row computes what k would. ``(state (B, k,
+    6), position, enc_valid_length (B,), bias, info, limits, *caches (B rows)) -> (state,
+    *self_caches (B rows))``; each row's top entries are repeated to its sentence's k rows
+    (tiny) for `kernels.beam_update`, whose cache rows (b * k + parent) then index the caches
+    once `Translator._beams` has given them k rows each."""
+
+    def __init__(self, decoder, k, eos, **kwargs):
+        super().__init__(**kwargs)
+        self.step = DecoderStep(decoder)
+        self.k, self.eos = k, eos
+
+    def hybrid_forward(self, F, state, position, enc_valid_length, bias, info, limits, *caches):
+        tokens = state[:, 0, 4:5]  # (B, 1): <bos>
+        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, *caches)
+        top = F.np.repeat(kernels.row_topk(F, log_probs, bias, self.k), self.k, axis=0)  # (B*k, 2k)
+        return (kernels.beam_update(F, top, state, info, limits, self.k, self.eos), *new_caches)
+
+
 class _GreedyStep(nn.HybridBlock):
     """`DecoderStep` that also picks each row's best next token on the device:
     ``(tokens (B, 1), position, enc_valid_length, bias (1, V), *caches) -> (next (B, 1),
@@ -348,18 +368,26 @@ class Translator:
         B = len(sentences)
         X, valid_length = self.encode_source(sentences)
         enc_kv = list(_run(encode, X, valid_length))  # 2 per block: (B, T, hidden)
-        if k > 1:  # a row per beam: rows b * k ... b * k + k - 1 are sentence b's beams
-            # (a `take` of rows: MXNet's CPU `repeat` took ~50x longer for the same copy)
-            rows = np.array(onp.arange(B * k) // k, dtype="int32", ctx=self.ctx)  # (B * k,)
-            enc_kv = [np.take(a, rows, axis=0) for a in enc_kv]  # (B * k, T, hidden)
-            valid_length = np.take(valid_length, rows, axis=0)  # (B * k,)
         limits = onp.array([self._limit(len(s)) for s in sentences])  # (B,)
         steps = int(limits.max())
-        empty = np.zeros((B * k, steps, enc_kv[0].shape[-1]), ctx=self.ctx)  # (B*k, steps, hidden)
+        empty = np.zeros((B, steps, enc_kv[0].shape[-1]), ctx=self.ctx)  # (B, steps, hidden)
         caches = []
         for i in range(0, len(enc_kv), 2):
             caches += [empty, empty, enc_kv[i], enc_kv[i + 1]]
+        if k > 1:  # a row per beam
+            valid_length = self._beams(k, caches, valid_length)
         return caches, valid_length, limits, steps
+
+    def _beams(self, k, caches, valid_length):
+        """A batch's caches (in place in the list `caches`) and valid lengths, one row per
+        sentence, given k rows per sentence: rows b * k ... b * k + k - 1 are sentence b's
+        beams. Returns the valid lengths (B * k,). (A `take` of rows: MXNet's CPU `repeat` took
+        ~50x longer for the same copy.)"""
+        B = valid_length.shape[0]
+        rows = np.array(onp.arange(B * k) // k, dtype="int32", ctx=self.ctx)  # (B * k,)
+        for i, cache in enumerate(caches):
+            caches[i] = np.take(cache, rows, axis=0)  # (B * k, steps or T, hidden)
+        return np.take(valid_length, rows, axis=0)
 
     def _search(self, sentences, k, alpha, early_stop, n=1, *, books_on_device=True):
         """Beam search (`translate` runs k = 1 as `_greedy`, which equals this with k = 1).
@@ -410,7 +438,9 @@ class Translator:
         reads step t's (B, k, 6) state while the device runs step t + 1; when all beams have
         finished, the one step already started is dropped.
 
-        ``compact`` (CTranslate2 does the same): once half the batch's sentences have
+        ``compact`` (CTranslate2 does the same): the batch runs on the rows it needs. Step 1
+        runs on one row per sentence (`_FirstBeamStep`: its k beams are then identical), and
+        once half the batch's sentences have
         finished, their rows leave the batch (`_compact`), so that the steps left run on the
         live sentences only. A finished sentence's step is the identity (its beams keep their
         places and scores, word -1), so its books are filled in as such on the host. The
@@ -420,7 +450,10 @@ class Translator:
         model = self.model
         step = _graph(model, ("beam update step", k, self.eos, self.ctx.device_type),
                       lambda: _BeamUpdateStep(model.decoder, k, self.eos))
-        caches, valid_length, limits, steps = self._start(sentences, k)
+        first = None if not compact else _graph(  # step 1 on one row per sentence
+            model, ("first beam step", k, self.eos, self.ctx.device_type),
+            lambda: _FirstBeamStep(model.decoder, k, self.eos))
+        caches, valid_length, limits, steps = self._start(sentences, 1 if first else k)
         B, ctx = len(sentences), self.ctx
         state = onp.zeros((B, k, 6), "float32")  # score, alive, word, parent, token, row
         state[:, :, 0], state[:, 0, 0] = NEG, 0  # one live beam to start from
@@ -434,14 +467,18 @@ class Translator:
         words, parents = [], []
         scores = onp.full((B, k), NEG, "float32")  # each sentence's, kept when it leaves
         live = onp.arange(B)  # the sentences in the device's rows, in order
-        run, done = functools.partial(_run, step), None
+        run, done, traced = functools.partial(_run, step), None, False
         for t in range(1, steps + 2):
             if t <= steps:  # step t starts on the device ...
-                state, *self_kv = run(state, positions[t - 1], valid_length, self._bias,
-                                      infos[t - 1], limits_dev, *caches)
-                if t == 1:
-                    run = _graphs.bound(step)
+                once = t == 1 and first is not None
+                state, *self_kv = (functools.partial(_run, first) if once else run)(
+                    state, positions[t - 1], valid_length, self._bias, infos[t - 1],
+                    limits_dev, *caches)
                 caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
+                if once:  # each sentence's caches (and valid length) to its k beams' rows
+                    valid_length = self._beams(k, caches, valid_length)
+                elif not traced:  # then its operator runs with the weights looked up once
+                    run, traced = _graphs.bound(step), True
             if done is not None:  # ... while the host reads step t - 1's books
                 books, rows = done[0].asnumpy(), done[1]  # (len(rows), k, 6)
                 word = onp.full((B, k), -1, "int64")  # a finished sentence's step: identity
