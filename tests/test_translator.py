@@ -184,6 +184,61 @@ def test_finished_sentences_leaving_the_batch_change_nothing(setup, which):
     assert shrunk and min(shrunk) < len(batch) // 2, shrunk
 
 
+def test_settled_bounds_what_a_live_beam_can_still_reach():
+    """`_settled` on numbers: beam 0 has finished at -1.0, beam 1 lives after step 5. At
+    alpha 0 a live beam only falls; at alpha 1 a live beam at -1.2 may still reach
+    -1.2 * lp(5) / lp(20) = -0.48 (above -1.0: not settled), one at -3.0 only -1.2 (settled)."""
+    settled = translator_module._settled
+    scores = onp.array([[-1.0, -1.2], [-1.0, -3.0], [-1.0, -2.0]], "float32")
+    alive = onp.array([[False, True], [False, True], [False, False]])
+    limits = onp.array([20, 20, 20])
+    assert settled(scores, alive, 5, limits, 0.0, 1).tolist() == [True, True, True]
+    assert settled(scores, alive, 5, limits, 1.0, 1).tolist() == [False, True, True]
+    assert settled(scores, alive, 5, limits, 0.0, 2).tolist() == [False, False, True]
+    assert settled(scores, alive, 5, onp.array([5, 5, 5]), 1.0, 1).all()  # at the limit: no growth
+    tie = onp.array([[-1.0, -1.0]], "float32")
+    assert not settled(tie, onp.array([[False, True]]), 5, limits[:1], 0.0, 1).any()
+
+
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+def test_a_sentence_stops_once_no_live_beam_can_change_its_n_best(setup, which, monkeypatch):
+    """Beam search's early stop per sentence (`_settled`): once its n best beams have finished
+    and no live beam can still beat the n-th, a sentence counts as finished. The same n best
+    hypotheses and scores, bit for bit, as the search run to every limit (early_stop=False)
+    and as the search that waits for every beam to finish, in the host loop and on the device,
+    at alpha 0 (CTranslate2's stop) and above; and, on the trained model, in fewer steps."""
+    models, src_vocab, tgt_vocab, sentences = setup
+    translator = _translator(models[which], src_vocab, tgt_vocab, suppress=True, max_length=None)
+    steps, hypotheses = [], Translator._hypotheses
+
+    def count(self, words, *args):
+        steps.append(words.shape[0])
+        return hypotheses(self, words, *args)
+
+    monkeypatch.setattr(Translator, "_hypotheses", count)
+
+    def search(k, alpha, n, early_stop, where):
+        with CTX, kernels.fused(CTX):
+            if where == "host":
+                return translator._search(sentences, k, alpha, early_stop, n,
+                                          books_on_device=False)
+            return translator._device_search(sentences, k, alpha, early_stop, n, compact=False)
+
+    fewer = []
+    for where in ["host"] + (["device"] if kernels.load() else []):
+        for k, alpha, n in ((2, 0.0, 1), (4, 0.0, 2), (4, 0.6, 1), (3, 1.0, 2), (4, 3.0, 1)):
+            settled = search(k, alpha, n, True, where)
+            settled_steps = steps[-1]
+            assert settled == search(k, alpha, n, False, where), (where, k, alpha, n)
+            with monkeypatch.context() as m:  # the former rule: every beam finished
+                m.setattr(translator_module, "_settled",
+                          lambda scores, *args: onp.zeros(len(scores), bool))
+                assert settled == search(k, alpha, n, True, where), (where, k, alpha, n)
+            assert settled_steps <= steps[-1]
+            fewer.append(settled_steps < steps[-1])
+    assert any(fewer) or which == "untrained", fewer
+
+
 def test_batches_and_order_do_not_change_a_translation(setup):
     models, src_vocab, tgt_vocab, sentences = setup
     model = models["untrained"]

@@ -248,6 +248,22 @@ def _greedy_update(ids, values, scores, alive, prev_lp, lp):
     return onp.where(alive, cand, scores), onp.where(alive, ids, -1)
 
 
+def _settled(scores, alive, t, limits, alpha, n):
+    """Which sentences' n best hypotheses no later step can change (beam search's exact early
+    stop, per sentence): their n best beams have finished and the n-th scores above the best
+    any live beam can still reach. After step t a live beam's log-probability is
+    ``score * lp(t)``, only falls, and is divided by at most ``lp(limit)`` (GNMT's `lp` grows
+    with the length; it is 1 at alpha 0, where this is CTranslate2's stop at a finished best
+    beam). scores, alive: (B, k), best first; limits: (B,). A 1e-4 margin covers float32
+    rounding; a tie keeps the search running, as a tie could reorder the beams."""
+    lp_t = length_penalty(t, alpha)
+    bound = onp.where(alive, scores.astype("float64") * lp_t
+                      / length_penalty(limits.astype("float64"), alpha)[:, None], -onp.inf)
+    best_live = bound.max(axis=1)  # (B,): -inf where no beam lives
+    margin = 1e-4 * (1 + onp.abs(onp.where(onp.isfinite(best_live), best_live, 0)))
+    return ~alive[:, :n].any(axis=1) & (scores[:, n - 1] > best_live + margin)
+
+
 class Translator:
     """Batched greedy and beam-search translation of token lists, and attention weights.
 
@@ -425,7 +441,8 @@ class Translator:
                 & (limits[:, None] > t)  # finished, or at the sentence's length limit
             words.append(word)
             parents.append(parent)
-            if early_stop and not alive.any():
+            if early_stop and (~alive.any(axis=1) | _settled(scores, alive, t, limits, alpha,
+                                                             n)).all():
                 break
             tokens = onp.maximum(word, 0).reshape(-1, 1)  # (B * k, 1); finished beams: any
             tokens = onp.concatenate([tokens, (parent + shift).reshape(-1, 1)], axis=1)  # + row
@@ -487,7 +504,10 @@ class Translator:
                 scores[rows] = books[:, :, 0]
                 words.append(word)
                 parents.append(parent)
-                alive = (books[:, :, 1] > 0).any(axis=1)  # (len(rows),) per sentence
+                beams = books[:, :, 1] > 0  # (len(rows), k): alive
+                alive = beams.any(axis=1)  # (len(rows),) per sentence
+                if early_stop:  # settled: as good as finished
+                    alive &= ~_settled(books[:, :, 0], beams, t - 1, limits[rows], alpha, n)
                 if (early_stop and not alive.any()) or t > steps:
                     break
                 if compact and t < steps and 0 < 2 * alive.sum() <= len(rows):
