@@ -18,10 +18,11 @@ the self-attention caches follow their beams (``take`` at the start of the next 
 encoder's keys and values (`model.EncoderKV`) are projected once per sentence. Greedy decoding
 (beam size 1) runs the same step graph and the same score, pipelined (`Translator._greedy`), and
 equals this search with one beam token for token and score for score (tested). A sentence
-emits at most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``); a
-batch stops when all its beams have finished, and once half of its sentences have finished,
-these leave the batch, so that the remaining steps run on the live rows only (as CTranslate2
-does; `Translator._compact`).
+emits at most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``). A
+sentence has finished when all its beams have, or once its n best have and no live beam can
+still beat them (`_settled`: the same n best hypotheses, sooner); a batch stops when all its
+sentences have finished, and once half of them have, these leave the batch, so that the
+remaining steps run on the live rows only (as CTranslate2 does; `Translator._compact`).
 
 **Special tokens** never appear in a translation: ``<pad>`` and ``<bos>`` (and ``<unk>`` with
 ``no_unk=True``, as CTranslate2's ``disable_unk``) get a score of -1e18 added to their
