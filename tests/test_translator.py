@@ -3,6 +3,7 @@ independent references (tests/decoding_reference.py: the chapter's state, gluonn
 BeamSearchSampler); its attention weights; graphs traced again when a block changes."""
 
 import collections
+import json
 
 import decoding_reference as reference
 import mxnet as mx
@@ -302,6 +303,30 @@ def test_padding_each_batch_to_its_longest_source_changes_no_translation(setup, 
     assert translator_options(CFG)["pad_to_num_steps"]  # the chapter's words: its padding
     assert not translator_options(CFG.replace(tokenizer="subword", vocab_size=100))[
         "pad_to_num_steps"]
+
+
+def test_translator_graphs_are_traced_for_inference_only(setup):
+    """The translator's graphs (`_run`: `kernels.inference`) carry no operators asking whether
+    MXNet is training (four per fused block with dropout), which were ~40 of a decoding step's
+    ~100 operators (traced outside `kernels.inference`, the same graphs have them)."""
+    if not kernels.load():
+        pytest.skip("the fused kernels do not build here")
+    _, src_vocab, tgt_vocab, sentences = setup
+    model = _fresh_model(src_vocab, tgt_vocab, dropout=0.1)  # the `full` preset's dropout
+    translator = _translator(model, src_vocab, tgt_vocab)
+    for k in (1, 3):
+        translator.translate(sentences[:4], beam_size=k)
+    graphs = translator_module._GRAPHS[model]
+    assert {"greedy step", "beam update step", "first beam step", "encoder"} <= {
+        key[0] for key in graphs}
+    for key, graph in graphs.items():
+        if key[0] == "attention":
+            continue
+        ops = [node["op"] for node in json.loads(graph._cached_graph[1].tojson())["nodes"]]
+        assert "d2t_attention_masked" in ops, key  # traced with the fused kernels
+        # the flag |Dropout(ones(1)) - 1| is gone; one Dropout is left, the positional
+        # encoding's own block (the identity at inference)
+        assert "_npi_absolute" not in ops and ops.count("Dropout") == 1, key
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -81,11 +81,13 @@ def _hybridize_alone(graph, static=True):
 
 
 def _run(graph, *args):
-    """A cached graph's call (`_graphs.call`); the first call traces it, when the weights a
-    graph does not use (the other side's) draw Gluon's "not used" warning: no news here."""
+    """A cached graph's call (`_graphs.call`); the first call traces it, for inference only
+    (`kernels.inference`: no dropout, nor the operators that ask whether MXNet is training),
+    when the weights a graph does not use (the other side's) draw Gluon's "not used" warning:
+    no news here."""
     if graph._cached_op is not None and _graphs.traced_with(graph) == kernels.active():
         return _graphs.call(graph, *args)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), kernels.inference():
         warnings.filterwarnings("ignore", "Parameter .* is not used", UserWarning)
         return _graphs.call(graph, *args)
 

@@ -54,7 +54,8 @@ HEADERS = [os.path.join(HERE, "common.h")]
 # compiler has it: the kernels share their rows/heads between threads; without it, one thread.
 FLAGS = ["-O3", "-std=c++14", "-fno-trapping-math", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
-_state = {"loaded": None, "active": 0,  # loaded: None = not tried, True/False = the outcome
+_state = {"loaded": None,  # None = not tried, True/False = the outcome
+          "active": 0, "inference": 0,  # the `fused` and `inference` blocks now open
           "threads": 1}  # the engine's CPU worker's OpenMP threads (`use_threads`)
 
 
@@ -187,6 +188,19 @@ def use_threads(work):
     return n
 
 
+@contextlib.contextmanager
+def inference():
+    """Graphs traced inside this block are for inference only: the kernels' dropout, and the
+    `training_flag` that tells them whether MXNet is training (four operators per block, ~40 of
+    the ~100 operators of a decoding step of the `full` model), are left out of them. Such a
+    graph must never run while MXNet is training; the translator's graphs never do. Nestable."""
+    _state["inference"] += 1
+    try:
+        yield
+    finally:
+        _state["inference"] -= 1
+
+
 def active():
     """True while a graph may use the kernels (inside `fused` on a CPU, library loaded)."""
     return _state["active"] > 0
@@ -201,7 +215,7 @@ def layer_norm(F, data, residual, gamma, beta, eps, dropout=0.0):
     nd = [x.as_nd_ndarray() for x in (data, residual, gamma, beta) if x is not None]
     if residual is None:
         return F.d2t_layer_norm(*nd, eps=eps).as_np_ndarray()
-    if dropout > 0:
+    if dropout > 0 and not _state["inference"]:
         out = F.d2t_add_layer_norm(*nd, training_flag(F).as_nd_ndarray(), eps=eps,
                                    dropout=repr(float(dropout)))
         return out[0].as_np_ndarray()  # out[1]: the keep mask the backward pass reads
@@ -223,6 +237,7 @@ def attention(F, query, key, value, valid_length, num_heads, causal, scale, drop
     attrs = {"num_heads": num_heads, "causal": int(bool(causal)), "scale": repr(float(scale))}
     if valid_length is not None:
         nd.append(valid_length.astype("float32").as_nd_ndarray())  # (batch,) or (batch, Tq)
+    dropout = 0.0 if _state["inference"] else dropout
     if dropout > 0:
         attrs["dropout"] = repr(float(dropout))
         nd.append(training_flag(F).as_nd_ndarray())  # (1,)
