@@ -56,6 +56,7 @@ FLAGS = ["-O3", "-std=c++14", "-fno-trapping-math", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
 _state = {"loaded": None,  # None = not tried, True/False = the outcome
           "active": 0, "inference": 0,  # the `fused` and `inference` blocks now open
+          "casts": {},  # id(symbol) -> (symbol, its float32 cast), inside `inference`
           "threads": 1}  # the engine's CPU worker's OpenMP threads (`use_threads`)
 
 
@@ -199,6 +200,18 @@ def inference():
         yield
     finally:
         _state["inference"] -= 1
+        if not _state["inference"]:
+            _state["casts"].clear()
+
+
+def _float32(x):
+    """`x` (a symbol) as float32 for a kernel's input. Inside `inference`, one Cast per symbol:
+    a decoding step's position, cache rows and valid lengths feed every layer's kernels."""
+    if not _state["inference"]:
+        return x.astype("float32")
+    if id(x) not in _state["casts"]:  # x is kept alive with its cast: its id stays its own
+        _state["casts"][id(x)] = (x, x.astype("float32"))
+    return _state["casts"][id(x)][1]
 
 
 def active():
@@ -236,7 +249,7 @@ def attention(F, query, key, value, valid_length, num_heads, causal, scale, drop
     nd = [query.as_nd_ndarray(), key.as_nd_ndarray(), value.as_nd_ndarray()]
     attrs = {"num_heads": num_heads, "causal": int(bool(causal)), "scale": repr(float(scale))}
     if valid_length is not None:
-        nd.append(valid_length.astype("float32").as_nd_ndarray())  # (batch,) or (batch, Tq)
+        nd.append(_float32(valid_length).as_nd_ndarray())  # (batch,) or (batch, Tq)
     dropout = 0.0 if _state["inference"] else dropout
     if dropout > 0:
         attrs["dropout"] = repr(float(dropout))
@@ -252,7 +265,7 @@ def shift_in(F, new, cache, position):
     front; only the ``position + 1`` rows the step reads are written (the others: whatever the
     output buffer held). new: (rows, 1, hidden); cache: (rows, L, hidden); position: (1,)."""
     return F.d2t_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray(),
-                          position.astype("float32").as_nd_ndarray()).as_np_ndarray()
+                          _float32(position).as_nd_ndarray()).as_np_ndarray()
 
 
 def take_shift_in(F, new, cache, rows, position):
@@ -261,8 +274,8 @@ def take_shift_in(F, new, cache, rows, position):
     takes its newest position in front; only the rows the step reads are written, as
     `shift_in`. new: (rows, 1, hidden); cache: (rows, L, hidden); rows: (rows,); position: (1,)."""
     return F.d2t_take_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray(),
-                               rows.astype("float32").as_nd_ndarray(),
-                               position.astype("float32").as_nd_ndarray()).as_np_ndarray()
+                               _float32(rows).as_nd_ndarray(),
+                               _float32(position).as_nd_ndarray()).as_np_ndarray()
 
 
 def row_topk(F, x, bias, k):
