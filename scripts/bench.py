@@ -328,8 +328,9 @@ def translate_row(s, key, params_path):
 
 def _engine_worker(conn, engine, model_dir, beam, length, threads, sentences, batch):
     """(i) one engine in a process of its own: load it, translate the first batch (warm-up:
-    graphs, memory plans), then on each request time all `sentences`, `batch` at a time, and
-    send back ``(seconds, translations)``. The parent runs one engine at a time, so no other
+    graphs, memory plans), then on each request time one call over all `sentences`, which each
+    engine sorts by length and cuts into batches of `batch` (as `translate` on a file does), and
+    send back ``(seconds, translations, peak RSS)``. The parent runs one engine at a time, so no other
     engine's threads are ever awake beside the one being timed."""
     if engine == "ours":  # OpenMP threads: the translator's choice, at most `threads` (ROW_ENV)
         # the package first: it configures MXNet's threads
@@ -350,14 +351,14 @@ def _engine_worker(conn, engine, model_dir, beam, length, threads, sentences, ba
         with open(os.path.join(model_dir, "options.json")) as f:
             options = json.load(f)
 
-        def decode(part):
-            return [r.hypotheses[0] for r in translator.translate_batch(part, **options)]
+        def decode(part):  # CTranslate2 too sorts by length, then batches
+            return [r.hypotheses[0] for r in translator.translate_batch(
+                part, max_batch_size=batch, **options)]
     decode(sentences[:batch])
     conn.send("ready")
     while conn.recv() == "run":
-        out, tic = [], time.perf_counter()
-        for i in range(0, len(sentences), batch):
-            out += decode(sentences[i:i + batch])
+        tic = time.perf_counter()
+        out = decode(sentences)
         conn.send((time.perf_counter() - tic, out, _peak_rss_mb()))
 
 

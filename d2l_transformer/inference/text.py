@@ -23,8 +23,9 @@ def translator_options(cfg, no_unk=False):
     """The `Translator` keywords for a model trained with `cfg`: its `num_steps`, `no_unk_for`,
     and the sources' padding: the chapter's (to `num_steps`) for word models, whose published
     figures were measured so; each batch's longest source for subword models (their
-    `num_steps` is 30 while the sentences average ~10 pieces: measured, the same 2,000 test
-    translations of the `full` model, greedy and beam 4, ~10% faster)."""
+    `num_steps` is 30 while the sentences average ~10 pieces: the encoder masks the padding, so
+    the same translations, with less work; the one-hour model's published valid and test
+    BLEU and chrF, greedy and beam 4, are unchanged to the last digit)."""
     return {"num_steps": cfg.num_steps, "no_unk": no_unk_for(cfg, no_unk),
             "pad_to_num_steps": cfg.tokenizer != "subword"}
 

@@ -400,8 +400,8 @@ class Translator:
     def _beams(self, k, caches, valid_length):
         """A batch's caches (in place in the list `caches`) and valid lengths, one row per
         sentence, given k rows per sentence: rows b * k ... b * k + k - 1 are sentence b's
-        beams. Returns the valid lengths (B * k,). (A `take` of rows: MXNet's CPU `repeat` took
-        ~50x longer for the same copy.)"""
+        beams. Returns the valid lengths (B * k,). (A `take` of rows: MXNet's CPU `repeat` is far
+        slower for the same copy.)"""
         B = valid_length.shape[0]
         rows = np.array(onp.arange(B * k) // k, dtype="int32", ctx=self.ctx)  # (B * k,)
         for i, cache in enumerate(caches):
