@@ -326,40 +326,57 @@ def translate_row(s, key, params_path):
     return value, {k: v for k, v in pair.items() if k not in ("old", "new")}
 
 
-def _engine_worker(conn, engine, model_dir, beam, length, threads, sentences, batch):
-    """(i) one engine in a process of its own: load it, translate the first batch (warm-up:
-    graphs, memory plans), then on each request time one call over all `sentences`, which each
-    engine sorts by length and cuts into batches of `batch` (as `translate` on a file does), and
-    send back ``(seconds, translations, peak RSS)``. The parent runs one engine at a time, so no other
-    engine's threads are ever awake beside the one being timed."""
-    if engine == "ours":  # OpenMP threads: the translator's choice, at most `threads` (ROW_ENV)
+ENGINE_MARK = "@engine "  # (i): the prefix of an engine process's answers on its stdout
+
+
+def _engine_worker(spec_path):
+    """(i) one engine in a process of its own (``bench.py --engine-worker SPEC``): load it,
+    translate the first batch (warm-up: graphs, memory plans), then for each ``run`` line on
+    stdin time one call over all the sentences, which each engine sorts by length and cuts into
+    batches (as `translate` on a file does), and answer ``seconds, translations, peak RSS`` as
+    one JSON line. The parent runs one engine at a time, so no other engine's threads are ever
+    awake beside the one being timed. SPEC: a JSON file (`ct2_rounds`)."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    engine, beam, batch, sentences = spec["engine"], spec["beam"], spec["batch"], spec["sentences"]
+    if engine == "ours":  # OpenMP threads: the translator's choice, at most --threads (ROW_ENV)
         # the package first: it configures MXNet's threads
         from d2l_transformer.inference.text import translator_options  # noqa: I001
         from d2l_transformer.inference.translator import Translator
         from d2l_transformer.io import checkpoint
         import mxnet as mx
-        model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(model_dir, mx.cpu())
-        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), max_length=length,
+        model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(spec["model_dir"], mx.cpu())
+        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), max_length=spec["length"],
                                 batch_size=batch, **translator_options(cfg))  # as the CLI
 
         def decode(part):
             return [h.tokens for h in translator.translate(part, beam_size=beam, alpha=0.0)]
     else:
         import ctranslate2
-        translator = ctranslate2.Translator(os.path.join(model_dir, engine), device="cpu",
-                                            intra_threads=threads, inter_threads=1)
-        with open(os.path.join(model_dir, "options.json")) as f:
-            options = json.load(f)
+        translator = ctranslate2.Translator(spec["model_dir"], device="cpu",
+                                            intra_threads=spec["threads"], inter_threads=1)
 
         def decode(part):  # CTranslate2 too sorts by length, then batches
             return [r.hypotheses[0] for r in translator.translate_batch(
-                part, max_batch_size=batch, **options)]
+                part, max_batch_size=batch, **spec["options"])]
     decode(sentences[:batch])
-    conn.send("ready")
-    while conn.recv() == "run":
+    print(ENGINE_MARK + json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
         tic = time.perf_counter()
         out = decode(sentences)
-        conn.send((time.perf_counter() - tic, out, _peak_rss_mb()))
+        print(ENGINE_MARK + json.dumps([time.perf_counter() - tic, out, _own_peak_rss_mb()]),
+              flush=True)
+    return 0
+
+
+def _engine_answer(name, proc):
+    """The next answer of an engine process (other lines of its stdout are passed over)."""
+    for line in proc.stdout:
+        if line.startswith(ENGINE_MARK):
+            return json.loads(line[len(ENGINE_MARK):])
+    raise RuntimeError(f"the {name} engine stopped (exit status {proc.wait()})")
 
 
 def ct2_rounds(s, beam, repeats, threads):
@@ -369,8 +386,6 @@ def ct2_rounds(s, beam, repeats, threads):
     rounds. One process for all three, alternating batch by batch, measured the engines' idle
     thread pools instead: there CTranslate2 float32 beam 4 ran at ~290 sentences/s beside an
     idle int8 translator and at ~750-950 alone (docs/benchmarks.md)."""
-    import multiprocessing
-
     import mxnet as mx
 
     from d2l_transformer.inference.export import export
@@ -387,37 +402,37 @@ def ct2_rounds(s, beam, repeats, threads):
         model_dir = _translation_setup.model_dir or checkpoint.save(
             os.path.join(tmp, "model"), model, src_vocab, tgt_vocab, cfg,
             tokenizer=_translation_setup.tokenizer)
-        for q in engines[1:]:
-            export(model_dir, os.path.join(tmp, q), format="ctranslate2",
-                   quantization=None if q == "float32" else q)
-        with open(os.path.join(tmp, "options.json"), "w") as f:  # <unk> as the translator's
-            json.dump({**decoding_options(cfg, 0), "beam_size": beam,
-                       "max_decoding_length": length,
-                       "disable_unk": translator_options(cfg)["no_unk"]}, f)
-        spawn = multiprocessing.get_context("spawn")  # no copy of this process's MXNet state
+        options = {**decoding_options(cfg, 0), "beam_size": beam, "max_decoding_length": length,
+                   "disable_unk": translator_options(cfg)["no_unk"]}  # <unk> as the translator's
         workers = {}
         try:
             for name in engines:
-                conn, child = spawn.Pipe()
-                proc = spawn.Process(target=_engine_worker, daemon=True, args=(
-                    child, name, model_dir if name == "ours" else tmp, beam, length, threads,
-                    sentences, batch))
-                proc.start()
-                if conn.recv() != "ready":
-                    raise RuntimeError(f"the {name} engine did not start")
-                workers[name] = conn, proc
+                if name != "ours":
+                    export(model_dir, os.path.join(tmp, name), format="ctranslate2",
+                           quantization=None if name == "float32" else name)
+                spec = os.path.join(tmp, f"{name}.json")
+                with open(spec, "w") as f:
+                    json.dump({"engine": name, "beam": beam, "batch": batch, "length": length,
+                               "threads": threads, "options": options, "sentences": sentences,
+                               "model_dir": model_dir if name == "ours"
+                               else os.path.join(tmp, name)}, f)
+                workers[name] = subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "--engine-worker", spec],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                _engine_answer(name, workers[name])  # loaded and warmed up
             rounds, tokens, rss = [], {}, {}
             for _ in range(repeats):
                 seconds = {}
-                for name, (conn, _) in workers.items():
+                for name, proc in workers.items():
                     time.sleep(0.5)  # the engine before has gone idle
-                    conn.send("run")
-                    seconds[name], tokens[name], rss[name] = conn.recv()
+                    proc.stdin.write("run\n")
+                    proc.stdin.flush()
+                    seconds[name], tokens[name], rss[name] = _engine_answer(name, proc)
                 rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
         finally:
-            for conn, proc in workers.values():
-                conn.send("stop")
-                proc.join(timeout=60)
+            for proc in workers.values():
+                proc.stdin.close()  # its loop ends
+                proc.wait(timeout=60)
     return {"values": {name: statistics.median(r[name] for r in rounds) for name in engines},
             "rounds": rounds, "sentences": len(sentences), "beam": beam, "max_length": length,
             "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
@@ -683,6 +698,19 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _own_peak_rss_mb():
+    """This process's own peak resident memory: Linux's VmHWM, which starts afresh at exec
+    (ru_maxrss keeps the parent's peak across fork and exec); elsewhere ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return _peak_rss_mb()
+
+
 def book_row(s):
     """(a) the chapter's own code: its classes as printed (tests/chapter_reference.py, on the
     `d2l` 0.11.4 oracle the chapter imported) trained by d2l's own ``train_s2s_ch9``, on the
@@ -795,6 +823,7 @@ def main(argv=None):
                    help="(f), (i): translate with this trained model directory (its test split "
                         "and tokenizer) instead of a random-weight `full` model")
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
+    p.add_argument("--engine-worker", default=None, help=argparse.SUPPRESS)  # internal: (i)
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats < 1 or args.threads < 1:
@@ -809,6 +838,8 @@ def main(argv=None):
         os.environ[SERVE_MODEL_ENV] = os.path.abspath(args.serve_model)
     if args.model:
         os.environ[MODEL_ENV] = os.path.abspath(args.model)
+    if args.engine_worker:  # child of a (i) row: one engine
+        return _engine_worker(args.engine_worker)
     if args.row:  # child: measure one row, print its JSON
         # first: its NumPy-alias shim must precede every import of mxnet (Python 3.12+); its
         # import of mxnet runs the role and exits in a dist_sync scheduler or server
