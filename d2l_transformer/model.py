@@ -18,6 +18,7 @@ and positional encoding restarting at row 0 on every prediction step.
 import math
 
 from mxnet import autograd, np
+from mxnet import name as mx_name
 from mxnet.gluon import nn
 
 from . import _graphs, kernels
@@ -394,13 +395,19 @@ def build_model(cfg, src_vocab_size, tgt_vocab_size):
 
     ``cfg.exact_chapter`` builds the decoder with ``src_vocab_size`` as the book does (bug 1);
     otherwise its output layer has ``tgt_vocab_size`` entries.
+
+    The model is built under a fresh `mx.name.NameManager`, so that its parameters have the
+    names a fresh process gives them (``dense0_weight``, ...) whatever was built before in this
+    process: `gluon.Trainer` orders the parameters by name, and the Adam state saved with a
+    model is matched to the parameters by that order when a run resumes.
     """
     args = (cfg.embedding_size, cfg.ffn_hidden_size, cfg.num_heads, cfg.num_layers, cfg.dropout)
     variants = {"pre_norm": cfg.pre_norm, "norm": cfg.norm, "fixnorm": cfg.fixnorm,
                 "layerdrop": cfg.layerdrop, "drophead": cfg.drophead, "fused_qkv": cfg.fused_qkv}
-    encoder = TransformerEncoder(src_vocab_size, *args, exact_chapter=cfg.exact_chapter,
-                                 **variants)
-    decoder_vocab_size = src_vocab_size if cfg.exact_chapter else tgt_vocab_size
-    decoder = TransformerDecoder(decoder_vocab_size, *args, exact_chapter=cfg.exact_chapter,
-                                 **variants)
-    return EncoderDecoder(encoder, decoder)
+    with mx_name.NameManager():
+        encoder = TransformerEncoder(src_vocab_size, *args, exact_chapter=cfg.exact_chapter,
+                                     **variants)
+        decoder_vocab_size = src_vocab_size if cfg.exact_chapter else tgt_vocab_size
+        decoder = TransformerDecoder(decoder_vocab_size, *args, exact_chapter=cfg.exact_chapter,
+                                     **variants)
+        return EncoderDecoder(encoder, decoder)

@@ -222,3 +222,25 @@ def test_missing_directory_and_files(tmp_path, trained):
     os.remove(os.path.join(directory, "tgt_vocab.json"))
     with pytest.raises(CheckpointError, match="tgt_vocab.json is missing"):
         checkpoint.load(directory)
+
+
+def test_resume_after_building_other_models_in_the_same_process(tmp_path):
+    """The Adam state saved with a model is matched to its parameters by the trainer's order,
+    which MXNet takes from the parameters' names; `build_model` names them as a fresh process
+    does, so that a run resumed after other models were built (a notebook, a test session)
+    continues exactly: the same parameters as the run never interrupted."""
+    from d2l_transformer.training.run import train_model
+
+    cfg = d2t.TINY.replace(num_epochs=3)
+    whole, part = str(tmp_path / "whole"), str(tmp_path / "part")
+    train_model(cfg, whole, ctx=mx.cpu(), progress=False)
+    train_model(cfg.replace(num_epochs=2), part, ctx=mx.cpu(), progress=False)
+    for size in (8, 16, 24):  # move MXNet's global name counters past another digit
+        d2t.build_model(d2t.TINY.replace(embedding_size=size), 40 + size, 50)
+    names = sorted(d2t.build_model(cfg, 30, 30).collect_params())
+    assert names[0] == "dense0_weight"  # as in a fresh process
+    train_model(cfg, part, ctx=mx.cpu(), progress=False, resume=True)
+    a = mx.nd.load(os.path.join(whole, "params.params"))
+    b = mx.nd.load(os.path.join(part, "params.params"))
+    assert sorted(a) == sorted(b)
+    assert all((a[k] == b[k]).asnumpy().all() for k in a)
