@@ -455,8 +455,8 @@ class Translator:
     def _device_search(self, sentences, k, alpha, early_stop, n=1, *, compact=True):
         """`_search` with the ranking and the bookkeeping in the step graph (`_BeamUpdateStep`),
         the same hypotheses and scores bit for bit (tested), pipelined as `_greedy`: the host
-        reads step t's (B, k, 6) state while the device runs step t + 1; when all beams have
-        finished, the one step already started is dropped.
+        reads step t's (B, k, 6) state while the device runs step t + 1; when all sentences
+        have finished (or settled, `_settled`), the one step already started is dropped.
 
         ``compact`` (CTranslate2 does the same): the batch runs on the rows it needs. Step 1
         runs on one row per sentence (`_FirstBeamStep`: its k beams are then identical), and
