@@ -352,12 +352,15 @@ class DecoderStep(nn.HybridBlock):
     ``reorder=True`` (beam search): one more input after `enc_valid_length`, ``rows`` (rows,),
     the row of the given self caches each row continues (its beam's parent); the caches are
     taken by it before the new position goes in (in one copy with the fused kernels).
+    ``log_softmax=False``: the logits (rows, vocab) instead of log_probs, for a caller that
+    ranks them with their log-softmax in one operator (`kernels.row_topk`).
     """
 
-    def __init__(self, decoder, *, reorder=False, **kwargs):
+    def __init__(self, decoder, *, reorder=False, log_softmax=True, **kwargs):
         super().__init__(**kwargs)
         self.decoder = decoder
         self.reorder = reorder
+        self.log_softmax = log_softmax
 
     def hybrid_forward(self, F, X, position, enc_valid_length, *caches):
         rows = None
@@ -386,8 +389,8 @@ class DecoderStep(nn.HybridBlock):
                                [K, V, K_enc, V_enc])
             new_caches += [K, V]
         logits = dec.dense(X if dec.final_norm is None else dec.final_norm(X))  # (rows, 1, V)
-        log_probs = F.npx.log_softmax(F.npx.reshape(logits, (-2, -3, -2)))  # (rows, V)
-        return (log_probs, *new_caches)
+        logits = F.npx.reshape(logits, (-2, -3, -2))  # (rows, 1, V) -> (rows, V)
+        return (F.npx.log_softmax(logits) if self.log_softmax else logits, *new_caches)
 
 
 def build_model(cfg, src_vocab_size, tgt_vocab_size):

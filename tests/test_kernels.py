@@ -643,17 +643,43 @@ def test_row_topk_equals_numpy_repeated_argmax():
     (`_row_top_k`: repeated argmax, ties to the lower id) on rows with ties and masked ids."""
     from d2l_transformer.inference.translator import _row_top_k
     rng = onp.random.RandomState(0)
-    for rows, V, k in [(64, 500, 4), (8, 7, 5), (5, 10, 10)]:
+    for rows, V, k in [(64, 500, 4), (8, 7, 5), (5, 10, 10), (6, 4003, 20)]:
         x = rng.randn(rows, V).astype("float32")
         x[:, 3] = x[:, 5]  # a tie between ids 3 and 5
         x[0] = 0.5  # a row of ties
         x[1, : V // 2] = x[1, V // 2:2 * (V // 2)]  # every value twice
+        x[2] = onp.arange(V)  # the best last: no block of 16 can be passed over
+        x[3] = -onp.arange(V)  # the best first: every later block passed over
         bias = onp.zeros((1, V), "float32")
         bias[0, [0, 2]] = -1e18  # masked ids, as the translator's bias row
         top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.array(bias), k=k).asnumpy()
         values, ids = _row_top_k(x + bias, k)
         assert top.shape == (rows, 2 * k)
         assert (top[:, :k] == values).all() and (top[:, k:].astype("int64") == ids).all()
+
+
+@needs_kernels
+def test_row_topk_of_log_softmax_equals_mxnet_log_softmax_ranked():
+    """``log_softmax=1``: the top entries of MXNet's ``log_softmax(x) + bias`` from the
+    logits x in one operator, the decoding steps' ranking: the same ids, the values to float32
+    rounding (another order of the sum of exponentials), masked ids never picked."""
+    from d2l_transformer.inference.translator import _row_top_k
+    rng = onp.random.RandomState(1)
+    for rows, V, k, scale in [(64, 4000, 1, 3.0), (64, 4000, 4, 3.0), (7, 4003, 5, 30.0),
+                              (3, 9, 9, 1.0)]:
+        x = (scale * rng.randn(rows, V)).astype("float32")
+        x[:, 7 % V] = x.max(axis=1) + 5  # a masked id above every other
+        bias = onp.zeros((1, V), "float32")
+        bias[0, 7 % V] = -1e18
+        top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.array(bias), k=k,
+                                 log_softmax=1).asnumpy()
+        values, ids = _row_top_k(mx.nd.log_softmax(mx.nd.array(x)).asnumpy() + bias, k)
+        assert (top[:, k:].astype("int64") == ids).all()
+        assert onp.allclose(top[:, :k], values, rtol=0, atol=2e-5)
+        assert not (top[:, k:] == 7 % V).any() or k == V
+    x = onp.zeros((2, 5), "float32")  # uniform rows: log(1/5) each, ties to the lower id
+    top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.zeros((1, 5)), k=2, log_softmax=1).asnumpy()
+    assert onp.allclose(top, [[onp.log(0.2)] * 2 + [0, 1]] * 2, rtol=0, atol=1e-6)
 
 
 @needs_kernels

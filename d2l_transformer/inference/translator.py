@@ -32,8 +32,9 @@ An under-trained model emits them otherwise. ``suppress=False`` masks nothing: t
 argmax over the whole vocabulary (`predict_s2s_ch8`).
 
 On a CPU with the fused kernels, beam search ranks each row's best tokens and keeps the books
-on the device too (`_BeamUpdateStep`: ``d2t_row_topk``, ``d2t_beam_update``, the arithmetic of
-`_beam_update`), pipelined as greedy decoding is (`Translator._device_search`). Elsewhere the
+on the device too (`_BeamUpdateStep`: ``d2t_row_topk``, from the logits with their
+log-softmax, and ``d2t_beam_update``, the arithmetic of `_beam_update`), pipelined as greedy
+decoding is (`Translator._device_search`). Elsewhere the
 host loop reads the step's log-probabilities once per step and NumPy picks each row's best
 tokens (MXNet's CPU ``topk`` reduces each row in one thread and took ~5x longer than the copy
 and NumPy's ``argmax`` together); the bookkeeping of the beams is a few NumPy operations on
@@ -108,22 +109,22 @@ class _BeamStep(nn.HybridBlock):
     control holds each row's token and the row of the old caches it continues (one upload).
     With the fused kernels (a CPU), the caches are taken and shifted in one copy and `top` is
     each row's `k` best entries of ``log_probs + bias``, (B*k, 2k): values, then ids as floats
-    (`kernels.row_topk`), so that the host reads (B*k, 2k) numbers, not (B*k, V); otherwise
-    `top` is ``log_probs + bias`` (B*k, V) and the host ranks it (`_row_top_k`, the same
-    result)."""
+    (`kernels.row_topk`, from the logits with their log-softmax), so that the host reads
+    (B*k, 2k) numbers, not (B*k, V); otherwise `top` is ``log_probs + bias`` (B*k, V) and the
+    host ranks it (`_row_top_k`, the same result)."""
 
     def __init__(self, decoder, k, **kwargs):
         super().__init__(**kwargs)
-        self.step = DecoderStep(decoder, reorder=True)
+        self.step = DecoderStep(decoder, reorder=True, log_softmax=False)
         self.k = k
 
     def hybrid_forward(self, F, control, position, enc_valid_length, bias, *caches):
         tokens = control[:, 0:1]  # (B*k, 1)
         rows = control[:, 1]  # (B*k,)
-        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
-        if F is mx.sym and kernels.active():
-            return (kernels.row_topk(F, log_probs, bias, self.k), *new_caches)  # (B*k, 2k)
-        return (log_probs + bias, *new_caches)  # (B*k, V) + (1, V)
+        logits, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
+        if F is mx.sym and kernels.active():  # (B*k, 2k)
+            return (kernels.row_topk(F, logits, bias, self.k, log_softmax=True), *new_caches)
+        return (F.npx.log_softmax(logits) + bias, *new_caches)  # (B*k, V) + (1, V)
 
 
 class _BeamUpdateStep(nn.HybridBlock):
@@ -136,14 +137,14 @@ class _BeamUpdateStep(nn.HybridBlock):
 
     def __init__(self, decoder, k, eos, **kwargs):
         super().__init__(**kwargs)
-        self.step = DecoderStep(decoder, reorder=True)
+        self.step = DecoderStep(decoder, reorder=True, log_softmax=False)
         self.k, self.eos = k, eos
 
     def hybrid_forward(self, F, state, position, enc_valid_length, bias, info, limits, *caches):
         tokens = F.npx.reshape(state[:, :, 4:5], (-1, 1))  # (B, k, 1) -> (B*k, 1)
         rows = F.npx.reshape(state[:, :, 5], (-1,))  # (B, k) -> (B*k,)
-        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
-        top = kernels.row_topk(F, log_probs, bias, self.k)  # (B*k, 2k)
+        logits, *new_caches = self.step(tokens, position, enc_valid_length, rows, *caches)
+        top = kernels.row_topk(F, logits, bias, self.k, log_softmax=True)  # (B*k, 2k)
         return (kernels.beam_update(F, top, state, info, limits, self.k, self.eos), *new_caches)
 
 
@@ -157,13 +158,14 @@ class _FirstBeamStep(nn.HybridBlock):
 
     def __init__(self, decoder, k, eos, **kwargs):
         super().__init__(**kwargs)
-        self.step = DecoderStep(decoder)
+        self.step = DecoderStep(decoder, log_softmax=False)
         self.k, self.eos = k, eos
 
     def hybrid_forward(self, F, state, position, enc_valid_length, bias, info, limits, *caches):
         tokens = state[:, 0, 4:5]  # (B, 1): <bos>
-        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, *caches)
-        top = F.np.repeat(kernels.row_topk(F, log_probs, bias, self.k), self.k, axis=0)  # (B*k, 2k)
+        logits, *new_caches = self.step(tokens, position, enc_valid_length, *caches)
+        top = kernels.row_topk(F, logits, bias, self.k, log_softmax=True)  # (B, 2k)
+        top = F.np.repeat(top, self.k, axis=0)  # (B, 2k) -> (B*k, 2k)
         return (kernels.beam_update(F, top, state, info, limits, self.k, self.eos), *new_caches)
 
 
@@ -172,14 +174,20 @@ class _GreedyStep(nn.HybridBlock):
     ``(tokens (B, 1), position, enc_valid_length, bias (1, V), *caches) -> (next (B, 1),
     log_prob (B,), *self_caches)``; `next` is the argmax of the step's log-probabilities plus
     `bias` (-1e18 on the tokens never to emit) and feeds the next step directly, so the host
-    reads two small arrays after the device has already moved on (`Translator._greedy`)."""
+    reads two small arrays after the device has already moved on (`Translator._greedy`).
+    With the fused kernels (a CPU) the pick and its log-probability come from the logits in
+    one operator (`kernels.row_topk` with k = 1), the same numbers to float32 rounding."""
 
     def __init__(self, decoder, **kwargs):
         super().__init__(**kwargs)
-        self.step = DecoderStep(decoder)
+        self.step = DecoderStep(decoder, log_softmax=False)
 
     def hybrid_forward(self, F, tokens, position, enc_valid_length, bias, *caches):
-        log_probs, *new_caches = self.step(tokens, position, enc_valid_length, *caches)
+        logits, *new_caches = self.step(tokens, position, enc_valid_length, *caches)
+        if F is mx.sym and kernels.active():
+            top = kernels.row_topk(F, logits, bias, 1, log_softmax=True)  # (B, 2): value, id
+            return (top[:, 1:2], top[:, 0], *new_caches)  # (B, 1) next tokens, (B,) log-probs
+        log_probs = F.npx.log_softmax(logits)  # (B, V)
         best = F.np.argmax(log_probs + bias, axis=1)  # (B, V) + (1, V) -> (B,)
         return (F.np.expand_dims(best.astype("float32"), 1),  # (B, 1): the next step's tokens
                 F.npx.pick(log_probs, best, axis=1), *new_caches)  # its log-probability: (B,)

@@ -7,19 +7,24 @@
 //       (shift_in), in one copy of the p positions the step reads (cache.cc's d2t_shift_in:
 //       the rows after p are left as they are) instead of take + shift of the whole cache.
 //       new: (R, 1, H); cache: (R, L, H); rows: (R,) as float32; position: (1,), p.
-//   d2t_row_topk(x, bias, k) -> out (R, 2k)
+//   d2t_row_topk(x, bias, k, log_softmax=0) -> out (R, 2k)
 //       the k largest entries of each row of x + bias, best first: out[:, :k] their values
 //       (x + bias in float32), out[:, k:] their column ids (as float32, exact below 2^24); ties
 //       go to the lower id, as NumPy's repeated argmax does. x: (R, V); bias: (1, V). One pass
 //       over the row with a k-entry insertion list, so the host reads (R, 2k) instead of (R, V).
+//       log_softmax=1: of log_softmax(x) + bias, x being logits: each row's log-sum-exp
+//       (vectorized, summed in double) is subtracted from the entries as they are ranked, so that the
+//       (R, V) log-probabilities are never written (MXNet's log_softmax, then this operator,
+//       read and wrote them twice: a third of a decoding step).
 //   d2t_beam_update(top, state, info, limits, k, eos) -> state'
 //       one step of the translator's beam bookkeeping (`translator._beam_update`, gluonnlp's
 //       ``_BeamSearchStepUpdate``), the same float32 arithmetic and order, so that the next step
 //       starts without the host: top (B*k, 2k) from d2t_row_topk; state (B, k, 6): per beam
 //       its score, alive (0/1), word (-1: a finished beam kept), parent, the next step's token
 //       and cache row; info (3,): t, lp(t - 1), lp(t); limits (B,): each sentence's most tokens.
-#include <cstdint>
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -84,21 +89,39 @@ MXReturnValue take_shift_shape(const d2t::Attrs& attrs,
 
 int top_k_of(const d2t::Attrs& attrs) { return std::stoi(d2t::attr(attrs, "k", "1")); }
 
-MXReturnValue topk_forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
-                           std::vector<MXTensor>* outputs, const OpResource& res) {
-  const MXTensor &x_t = (*inputs)[0], &bias_t = (*inputs)[1];
-  const int64_t R = x_t.shape[0], V = x_t.shape[1];
-  const int k = top_k_of(attrs);
-  const float *x = d2t::in(x_t), *bias = d2t::in(bias_t);
-  float* o = d2t::out((*outputs)[0]);
-#pragma omp parallel for
-  for (int64_t r = 0; r < R; ++r) {
-    std::vector<float> val(k);
-    std::vector<int64_t> id(k);
-    int n = 0;  // entries held, best first; an equal value never displaces an earlier id
-    const float* row = x + r * V;
-    for (int64_t j = 0; j < V; ++j) {
-      const float v = row[j] + bias[j];
+constexpr int64_t kParallelTopk = 1 << 15;  // below this many entries, one thread
+
+// log sum_j exp(row[j] - m), m the row's maximum: the exponentials summed in double (8
+// partial sums, vectorizable), so that a log-probability (row[j] - m) - this is within a few
+// float32 roundings of the exact one, as MXNet's log_softmax computes it.
+float log_sum_exp_shifted(const float* row, int64_t V, float m) {
+  double s8[8] = {0., 0., 0., 0., 0., 0., 0., 0.};
+  int64_t j = 0;
+  for (; j + 8 <= V; j += 8)
+    for (int u = 0; u < 8; ++u) s8[u] += d2t::exp_nonpositive(row[j + u] - m);
+  double s = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
+  for (; j < V; ++j) s += d2t::exp_nonpositive(row[j] - m);
+  return static_cast<float>(std::log(s));
+}
+
+// The k largest of v[j] = ((row[j] - m) - ls) + bias[j], best first, into val/id (an equal
+// value never displaces an earlier id). v is computed into buf (V floats) in one vectorized
+// pass; then a block of 16 whose maximum cannot enter a full list is passed over whole (after
+// the first blocks, nearly all are), the others are inserted entry by entry.
+void top_k_row(const float* row, const float* bias, float m, float ls, int64_t V, int k,
+               float* val, int64_t* id, float* buf) {
+  for (int64_t j = 0; j < V; ++j) buf[j] = ((row[j] - m) - ls) + bias[j];
+  constexpr int64_t kBlock = 16;
+  int n = 0;
+  for (int64_t start = 0; start < V; start += kBlock) {
+    const int64_t end = start + kBlock < V ? start + kBlock : V;
+    if (n == k) {
+      float m = -INFINITY;
+      for (int64_t j = start; j < end; ++j) m = buf[j] > m ? buf[j] : m;
+      if (!(m > val[k - 1])) continue;
+    }
+    for (int64_t j = start; j < end; ++j) {
+      const float v = buf[j];
       if (n == k && !(v > val[k - 1])) continue;
       int i = n < k ? n++ : k - 1;
       while (i > 0 && v > val[i - 1]) {
@@ -109,9 +132,31 @@ MXReturnValue topk_forward(const d2t::Attrs& attrs, std::vector<MXTensor>* input
       val[i] = v;
       id[i] = j;
     }
-    for (int i = 0; i < k; ++i) {
-      o[r * 2 * k + i] = val[i];
-      o[r * 2 * k + k + i] = static_cast<float>(id[i]);
+  }
+}
+
+MXReturnValue topk_forward(const d2t::Attrs& attrs, std::vector<MXTensor>* inputs,
+                           std::vector<MXTensor>* outputs, const OpResource& res) {
+  const MXTensor &x_t = (*inputs)[0], &bias_t = (*inputs)[1];
+  const int64_t R = x_t.shape[0], V = x_t.shape[1];
+  const int k = top_k_of(attrs);
+  const bool log_softmax = d2t::attr(attrs, "log_softmax", "0") == "1";
+  const float *x = d2t::in(x_t), *bias = d2t::in(bias_t);
+  float* o = d2t::out((*outputs)[0]);
+#pragma omp parallel if (R * V > kParallelTopk)
+  {
+    std::vector<float> val(k), buf(V);
+    std::vector<int64_t> id(k);
+#pragma omp for
+    for (int64_t r = 0; r < R; ++r) {
+      const float* row = x + r * V;
+      const float m = log_softmax ? d2t::row_max(row, V) : 0.f;  // 0, 0: x + bias exactly
+      const float ls = log_softmax ? log_sum_exp_shifted(row, V, m) : 0.f;
+      top_k_row(row, bias, m, ls, V, k, val.data(), id.data(), buf.data());
+      for (int i = 0; i < k; ++i) {
+        o[r * 2 * k + i] = val[i];
+        o[r * 2 * k + k + i] = static_cast<float>(id[i]);
+      }
     }
   }
   return MX_SUCCESS;

@@ -1,10 +1,13 @@
 // What the d2l_transformer kernels share: float32 tensor access, the attribute and type
-// functions of a one-output float32 operator, and dropout's random draws (MXNet 1.9's
-// custom-operator library API).
+// functions of a one-output float32 operator, a vectorizable log-sum-exp over a row, and
+// dropout's random draws (MXNet 1.9's custom-operator library API).
 #ifndef D2L_TRANSFORMER_KERNELS_COMMON_H_
 #define D2L_TRANSFORMER_KERNELS_COMMON_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +33,51 @@ inline std::string attr(const Attrs& attrs, const char* key, const char* fallbac
 inline int64_t positions_kept(const float* position, int64_t L) {
   const int64_t p = static_cast<int64_t>(position[0]);
   return p < 0 ? 0 : (p < L - 1 ? p : L - 1);
+}
+
+// exp(x) for x <= 0 (softmax's shifted scores) without a library call, so that the loops
+// below vectorize: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
+// polynomial (relative error < 2e-7 on that range), times 2^n through the exponent bits.
+// Below -87 (exp < 2e-38, nothing next to the row's maximum's 1) it returns 0.
+inline float exp_nonpositive(float x) {
+  const float t = x > -87.f ? x : -87.f;  // value selects, not std::max: they vectorize
+  const float n = static_cast<float>(static_cast<int32_t>(t * 1.44269504f - 0.5f));  // round
+  const float r = (t - n * 0.693145752f) - n * 1.42860677e-6f;  // ln2 = hi + lo, exact n * hi
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in -126..0
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.f ? 0.f : p * two_n;
+}
+
+// The row's maximum, with 8 partial maxima (vectorizable).
+inline float row_max(const float* z, int64_t V) {
+  float m8[8];
+  std::fill(m8, m8 + 8, -INFINITY);
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8)
+    for (int u = 0; u < 8; ++u) m8[u] = z[v + u] > m8[u] ? z[v + u] : m8[u];
+  float m = *std::max_element(m8, m8 + 8);
+  for (; v < V; ++v) m = z[v] > m ? z[v] : m;
+  return m;
+}
+
+// log sum_v exp(z_v), with 8 partial sums (vectorizable, no latency chain).
+inline float log_sum_exp(const float* z, int64_t V) {
+  const float m = row_max(z, V);
+  float s8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t v = 0;
+  for (; v + 8 <= V; v += 8)
+    for (int u = 0; u < 8; ++u) s8[u] += exp_nonpositive(z[v + u] - m);
+  float s = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
+  for (; v < V; ++v) s += exp_nonpositive(z[v] - m);
+  return m + std::log(s);
 }
 
 template <int NUM_IN>
