@@ -38,8 +38,9 @@ decoding is (`Translator._device_search`). Elsewhere the
 host loop reads the step's log-probabilities once per step and NumPy picks each row's best
 tokens (MXNet's CPU ``topk`` reduces each row in one thread and took ~5x longer than the copy
 and NumPy's ``argmax`` together); the bookkeeping of the beams is a few NumPy operations on
-(sentences, beams, beams) arrays. Greedy decoding takes MXNet's ``argmax`` on the device,
-because then the next step can start before the host reads anything.
+(sentences, beams, beams) arrays. Greedy decoding picks each row's token on the device
+(``d2t_row_topk`` with k = 1; MXNet's ``argmax`` without the kernels), because then the next
+step can start before the host reads anything.
 """
 
 import collections
@@ -318,6 +319,7 @@ class Translator:
         bias = onp.zeros((1, model.decoder.dense._units), "float32")  # (1, V)
         bias[0, self.banned] = NEG
         self._bias_host, self._bias = bias, np.array(bias, ctx=ctx)
+        self._shapes_known = False  # `_initialized` has run
 
     # ------------------------------------------------------------------------------ the source
     def encode_source(self, sentences):
@@ -381,10 +383,15 @@ class Translator:
 
     def _initialized(self):
         """Finish a deferred initialisation (weights whose shapes the first call decides) with
-        one imperative call on a dummy sentence, as training does; the graphs need the shapes."""
+        one imperative call on a dummy sentence, as training does; the graphs need the shapes.
+        Checked once per translator (collecting the model's parameters takes ~5 ms, a tenth
+        of a batch's greedy decoding): initialised weights never lose their shapes."""
+        if self._shapes_known:
+            return
         if any(p._data is None for p in self.model.collect_params().values()):
             X = np.ones((1, 2), ctx=self.ctx)  # (batch, seq_len)
             self.model(X, X, np.array([2], ctx=self.ctx))
+        self._shapes_known = True
 
     def _start(self, sentences, k):
         """The encoder's keys/values and the empty caches of a batch, `k` rows per sentence:
