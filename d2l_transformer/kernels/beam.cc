@@ -125,15 +125,8 @@ D2T_ALWAYS_INLINE void top_k_row_body(const float* row, const float* bias, bool 
                                       int64_t V, int k, float* val, int64_t* id, float* buf) {
   float m = 0.f, ls = 0.f;
   if (log_softmax) {
-    m = -INFINITY;
-    for (int64_t j = 0; j < V; ++j) m = row[j] > m ? row[j] : m;
-    double s8[8] = {0., 0., 0., 0., 0., 0., 0., 0.};
-    int64_t j = 0;
-    for (; j + 8 <= V; j += 8)
-      for (int u = 0; u < 8; ++u) s8[u] += exp_nonpositive5(row[j + u] - m);
-    double s = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
-    for (; j < V; ++j) s += exp_nonpositive5(row[j] - m);
-    ls = static_cast<float>(std::log(s));
+    m = d2t::row_max(row, V);
+    ls = static_cast<float>(std::log(d2t::sum_exp<double, exp_nonpositive5>(row, V, m)));
   }
   for (int64_t j = 0; j < V; ++j) buf[j] = ((row[j] - m) - ls) + bias[j];
   constexpr int64_t kBlock = 16;

@@ -68,16 +68,24 @@ inline float row_max(const float* z, int64_t V) {
   return m;
 }
 
-// log sum_v exp(z_v), with 8 partial sums (vectorizable, no latency chain).
-inline float log_sum_exp(const float* z, int64_t V) {
-  const float m = row_max(z, V);
-  float s8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+// sum_v Exp(z_v - m), with 8 partial sums of type Acc (vectorizable, no latency chain),
+// always added in this order; always inlined, so that a caller compiled for another
+// instruction set (beam.cc's AVX2 build) vectorizes it for that set.
+template <typename Acc, float (*Exp)(float)>
+inline __attribute__((always_inline)) Acc sum_exp(const float* z, int64_t V, float m) {
+  Acc s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t v = 0;
   for (; v + 8 <= V; v += 8)
-    for (int u = 0; u < 8; ++u) s8[u] += exp_nonpositive(z[v + u] - m);
-  float s = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
-  for (; v < V; ++v) s += exp_nonpositive(z[v] - m);
-  return m + std::log(s);
+    for (int u = 0; u < 8; ++u) s8[u] += Exp(z[v + u] - m);
+  Acc s = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
+  for (; v < V; ++v) s += Exp(z[v] - m);
+  return s;
+}
+
+// log sum_v exp(z_v) in float32.
+inline float log_sum_exp(const float* z, int64_t V) {
+  const float m = row_max(z, V);
+  return m + std::log(sum_exp<float, exp_nonpositive>(z, V, m));
 }
 
 template <int NUM_IN>
