@@ -13,9 +13,9 @@
 //       go to the lower id, as NumPy's repeated argmax does. x: (R, V); bias: (1, V). One pass
 //       over the row with a k-entry insertion list, so the host reads (R, 2k) instead of (R, V).
 //       log_softmax=1: of log_softmax(x) + bias, x being logits: each row's log-sum-exp
-//       (vectorized, summed in double) is subtracted from the entries as they are ranked, so that the
-//       (R, V) log-probabilities are never written (MXNet's log_softmax, then this operator,
-//       read and wrote them twice: a third of a decoding step).
+//       (vectorized, summed in double) is subtracted from the entries as they are ranked, so
+//       that the (R, V) log-probabilities are never written (MXNet's log_softmax wrote them,
+//       then MXNet's argmax or this operator read them).
 //   d2t_beam_update(top, state, info, limits, k, eos) -> state'
 //       one step of the translator's beam bookkeeping (`translator._beam_update`, gluonnlp's
 //       ``_BeamSearchStepUpdate``), the same float32 arithmetic and order, so that the next step
@@ -93,8 +93,9 @@ constexpr int64_t kParallelTopk = 1 << 15;  // below this many entries, one thre
 
 // exp(x) for x <= 0 (x - the row's maximum): Cephes' expf (x = n ln2 + r, |r| <= ln2 / 2,
 // a degree-5 polynomial: relative error < 1e-7), without a library call, so that the loop
-// vectorizes; below -87 (exp < 2e-38) 0.
-#define D2T_ALWAYS_INLINE inline __attribute__((always_inline))
+// vectorizes; below -87 (exp < 2e-38) 0. Not common.h's exp_nonpositive: its rounding by
+// truncation does not vectorize for AVX2 (measured ~5x slower than this one there), and the
+// training loss keeps that one, so that the fast path's figures do not move.
 D2T_ALWAYS_INLINE float exp_nonpositive5(float x) {
   const float t = x > -87.f ? x : -87.f;  // value selects: they vectorize
   const float magic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -154,7 +155,7 @@ D2T_ALWAYS_INLINE void top_k_row_body(const float* row, const float* bias, bool 
 }
 
 // The same row compiled twice: for any x86-64 (SSE2, 4 lanes) and for AVX2 + FMA (8 lanes,
-// ~2.5x faster here; FMA rounds the polynomial once per step: the values may differ from the
+// ~1.8x faster here; FMA rounds the polynomial once per step: the values may differ from the
 // other build's in the last bit), the second chosen at run time where the CPU has both.
 void top_k_row_generic(const float* row, const float* bias, bool log_softmax, int64_t V, int k,
                        float* val, int64_t* id, float* buf) {

@@ -35,6 +35,10 @@ inline int64_t positions_kept(const float* position, int64_t L) {
   return p < 0 ? 0 : (p < L - 1 ? p : L - 1);
 }
 
+// A function inlined even into a caller compiled for another instruction set (beam.cc's AVX2
+// build), so that it is vectorized for that set.
+#define D2T_ALWAYS_INLINE inline __attribute__((always_inline))
+
 // exp(x) for x <= 0 (softmax's shifted scores) without a library call, so that the loops
 // below vectorize: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
 // polynomial (relative error < 2e-7 on that range), times 2^n through the exponent bits.
@@ -69,10 +73,9 @@ inline float row_max(const float* z, int64_t V) {
 }
 
 // sum_v Exp(z_v - m), with 8 partial sums of type Acc (vectorizable, no latency chain),
-// always added in this order; always inlined, so that a caller compiled for another
-// instruction set (beam.cc's AVX2 build) vectorizes it for that set.
+// always added in this order.
 template <typename Acc, float (*Exp)(float)>
-inline __attribute__((always_inline)) Acc sum_exp(const float* z, int64_t V, float m) {
+D2T_ALWAYS_INLINE Acc sum_exp(const float* z, int64_t V, float m) {
   Acc s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t v = 0;
   for (; v + 8 <= V; v += 8)
