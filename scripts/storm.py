@@ -4,8 +4,9 @@ in its own process on the loopback (docs/serving.md, "Hostile requests").
 
 Hostile: malformed JSON, wrong types, lone surrogates (JSON and form), bodies over the limit
 (by Content-Length and chunked), attention requests over the cell cap (refused before and after
-decoding), wrong or missing content types, foreign Host headers, bodies that stall (answered
-408 after the server's deadline) and bodies sent slowly but in time; LibreTranslate requests
+decoding), wrong or missing content types, foreign Host headers, a bad Content-Length, bodies
+that stall and request heads sent a byte a second (both answered 408 after the server's
+deadlines) and bodies sent slowly but in time; LibreTranslate requests
 with a wrong language or format. Good: our API's and LibreTranslate's requests (JSON and form)
 whose translations must equal the server's answer to the same sentence sent alone before the
 storm, and small attention requests. The count and the time are bounded (``--requests``,
@@ -36,8 +37,6 @@ SENTENCES = ["Go .", "I won !", "I'm OK .", "Hi .", "Run !", "Help !", "I lost .
              "I'm home .", "He's calm ."]
 JSON = {"Content-Type": "application/json"}
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
-# answered in plain text: by Starlette's host check, or by uvicorn before the app sees them
-PLAIN = {"foreign Host header", "foreign Host (rebinding name)", "bad Content-Length"}
 
 
 def get_parser():
@@ -98,6 +97,31 @@ def slow(port, body, pause, stall=False, timeout=120):
                 answer += part
         except OSError:
             return None, b""
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else None
+    return status, answer.split(b"\r\n\r\n", 1)[-1]
+
+
+def slow_head(port, pause=1.0, timeout=120):
+    """A request head sent one byte every `pause` seconds (slowloris), until the server answers
+    or closes: ``(status, body)``."""
+    head = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+            b"\r\nContent-Length: 2\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            for i in range(len(head) - 4):  # never the end of the head
+                s.sendall(head[i:i + 1])
+                time.sleep(pause)
+        except OSError:  # closed by the server: its answer is in the socket's buffer
+            pass
+        answer = b""
+        try:
+            while True:
+                part = s.recv(65536)
+                if not part:
+                    break
+                answer += part
+        except OSError:
+            pass
     status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else None
     return status, answer.split(b"\r\n\r\n", 1)[-1]
 
@@ -228,15 +252,17 @@ def storm(args, model_dir, tmp):
                 ok = status == 200 and json.loads(data)["translations"][0]["translation"] == \
                     expected[SENTENCES[0]]
                 return "good: slow body", status, ok
-            if what == "stall":  # two bytes, then nothing: 408 after the server's deadline
-                status, _ = slow(port, b'{"text": ["go ."]}', 0.1, stall=True)
-                return "hostile: stalled body", status, status == 408
+            if what in ("stall", "slow head"):  # 408 after the server's deadlines
+                status, data = (slow(port, b'{"text": ["go ."]}', 0.1, stall=True)
+                                if what == "stall" else slow_head(port))
+                return "hostile: " + ("stalled body" if what == "stall" else "slow head"), \
+                    status, status == 408 and "error" in json.loads(data or b"{}")
             name, request, want = bad[what]
             request = dict(request)
             status, data = send(port, request.pop("method", "POST"),
                                 request.pop("path", "/translate"), **request)
             ok = status == want
-            if ok and name not in PLAIN:  # {"error": ...}
+            if ok:  # {"error": ...}
                 try:
                     ok = "error" in json.loads(data)
                 except ValueError:
@@ -245,10 +271,11 @@ def storm(args, model_dir, tmp):
 
         rng = random.Random(args.seed)
         jobs = []
-        for i in range(args.requests):  # 1 good for 2 hostile; a few slow and stalled bodies
-            r = rng.random()
+        for i in range(args.requests):  # 1 good for 2 hostile; a few slow and stalled bodies,
+            r = rng.random()  # and slow heads
             jobs.append((i, "good" if r < 1 / 3 else "slow" if r < 0.345 else
-                         "stall" if r < 0.35 else rng.randrange(len(bad))))
+                         "stall" if r < 0.35 else "slow head" if r < 0.355 else
+                         rng.randrange(len(bad))))
         results, stop = [], time.time() + args.seconds
         lock = threading.Lock()
 

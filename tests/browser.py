@@ -97,15 +97,21 @@ def free_port():
 
 
 class ServerThread:
-    """uvicorn serving `app` on a free loopback port, in a thread of this process."""
+    """uvicorn serving `app` on a free loopback port, in a thread of this process, with the
+    connections of `serve` (`serve.connection.protocol`; `http`: another class or its
+    `head_seconds`)."""
 
-    def __init__(self, app):
+    def __init__(self, app, http=None):
         import uvicorn
 
+        from d2l_transformer.serve.connection import protocol
+
+        if not isinstance(http, type):
+            http = protocol() if http is None else protocol(http)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+                                                    log_level="warning", http=http))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60

@@ -683,6 +683,29 @@ def test_row_topk_of_log_softmax_equals_mxnet_log_softmax_ranked():
 
 
 @needs_kernels
+def test_row_topk_checks_hold_on_the_generic_build_too():
+    """The decoding steps' ranking is compiled twice, generic and AVX2 + FMA, and the CPU picks
+    one at run time: the two tests above run again in a process kept to the generic build
+    (``D2L_TRANSFORMER_KERNELS_ISA=generic``), and the library says which build ran."""
+    import ctypes
+
+    here = ctypes.CDLL(kernels.library_path()).d2t_row_topk_avx2()
+    env = {**os.environ, "D2L_TRANSFORMER_KERNELS_ISA": "generic"}
+    code = ("import ctypes; from d2l_transformer import kernels; assert kernels.load(); "
+            "print(ctypes.CDLL(kernels.library_path()).d2t_row_topk_avx2())")
+    asked = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert asked.stdout.strip() == "0", asked.stderr[-2000:]
+    checks = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             __file__, "-k", "row_topk and not generic_build"], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert checks.returncode == 0 and "2 passed" in checks.stdout, checks.stdout[-3000:]
+    if here == 0:
+        pytest.skip("this CPU has no AVX2 + FMA: the generic build is the one the other "
+                    "tests ran (checked above all the same)")
+
+
+@needs_kernels
 def test_beam_update_equals_the_translators_numpy_update():
     """The beam step's bookkeeping on the device (`d2t_beam_update`) equals the translator's
     NumPy update (`_beam_update`, a stable sort of the candidates against the finished beams)

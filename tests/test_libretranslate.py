@@ -228,3 +228,30 @@ def test_the_real_libretranslatepy_client(servers, client):
         with pytest.raises(urllib.error.HTTPError) as e:
             api.translate("Go .", "en", "fr")
         assert e.value.code == 403
+
+
+@pytest.mark.slow
+def test_the_served_process_answers_what_is_not_http_and_foreign_hosts_in_json(servers):
+    """`d2l-transformer serve` itself (not a test client) runs `serve.connection`'s protocol
+    and the JSON host check: a LibreTranslate client reads ``error`` from every refusal."""
+    import socket
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(servers["open"])
+    for raw, status, error in (
+            (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ten\r\n\r\n",
+             b"400 Bad Request", "Invalid HTTP request received."),
+            (b"GET /languages HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n",
+             b"400 Bad Request", "Invalid host header: not a name this server answers to (its "
+                                 "--host or --allowed-hosts)")):
+        with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+            sock.sendall(raw)
+            reply = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 " + status), head
+        assert json.loads(body) == {"error": error}

@@ -335,11 +335,18 @@ def test_foreign_host_headers_are_refused(engine):
         with TestClient(app, base_url=base) as c:
             r = c.get("/health")
             assert r.status_code == status, base
-            if status == 400:
-                assert r.text == "Invalid host header"
-                assert post(c, {"text": ["go ."]}).status_code == 400
+            if status == 400:  # as every bad request: one line of JSON, the host not echoed
+                assert r.json() == {"error": "Invalid host header: not a name this server "
+                                             "answers to (its --host or --allowed-hosts)"}
+                assert post(c, {"text": ["go ."]}).json() == r.json()
     with TestClient(create_app(engine, allowed_hosts=["*"]), base_url="http://any.example") as c:
         assert c.get("/health").status_code == 200
+    app = create_app(engine, allowed_hosts=["*.example.org", "www.mt.example"])
+    for base, status in (("http://mt.example.org", 200), ("http://a.b.example.org:80", 200),
+                         ("http://example.org", 400), ("http://www.mt.example", 200),
+                         ("http://mt.example", 400)):  # no redirect to www. either
+        with TestClient(app, base_url=base, follow_redirects=False) as c:
+            assert c.get("/health").status_code == status, base
 
 
 def test_the_body_limit_is_linear_and_has_a_deadline():

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -169,8 +170,12 @@ __attribute__((target("avx2,fma"))) void top_k_row_avx2(const float* row, const 
   top_k_row_body(row, bias, log_softmax, V, k, val, id, buf);
 }
 
+// D2L_TRANSFORMER_KERNELS_ISA=generic (read once) keeps to the generic build on any CPU, so
+// that the tests run the same checks on both builds (tests/test_kernels.py).
 bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          !(std::getenv("D2L_TRANSFORMER_KERNELS_ISA") &&
+                            std::string(std::getenv("D2L_TRANSFORMER_KERNELS_ISA")) == "generic");
   return yes;
 }
 #endif
@@ -299,6 +304,15 @@ MXReturnValue update_shape(const d2t::Attrs& attrs,
 }
 
 }  // namespace
+
+// Which build `top_k_row` runs: 1 for AVX2 + FMA, 0 for the generic one (tests, via ctypes).
+extern "C" int d2t_row_topk_avx2() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return has_avx2_fma();
+#else
+  return 0;
+#endif
+}
 
 REGISTER_OP(d2t_beam_update)
 .setForward(update_forward, "cpu")

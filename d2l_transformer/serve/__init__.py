@@ -18,6 +18,7 @@ def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,
         import uvicorn
 
         from .app import allowed_hosts_for, create_app
+        from .connection import protocol
     except ImportError as e:
         raise ServeError(f"serving needs the serve extra ({e.name} is not installed): "
                          "pip install 'd2l_transformer[serve]'") from None
@@ -39,6 +40,6 @@ def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,
               f"headers answered: {', '.join(hosts)}{'; API key required' if api_key else ''})",
               flush=True)
         uvicorn.run(create_app(engine, allowed_hosts=hosts, api_key=api_key), host=host,
-                    port=port, log_level=log_level)
+                    port=port, log_level=log_level, http=protocol())
     finally:
         engine.close()

@@ -3,8 +3,8 @@ explorer page), the OpenAPI docs at ``/docs``, and LibreTranslate's API at its o
 (``POST /translate`` with ``q``, ``GET /languages``, ``POST /detect``) so that LibreTranslate
 clients pointed at the server's base URL work unchanged (docs/serving.md).
 
-Every bad request is a 4xx JSON ``{"error": "<one line>"}`` naming the problem (a foreign
-``Host`` header: Starlette's plain-text 400); the request's content is never echoed back and no
+Every bad request is a 4xx JSON ``{"error": "<one line>"}`` naming the problem (what is not
+HTTP at all too: `connection`); the request's content is never echoed back and no
 traceback leaves the server. Both APIs share the worker, the limits and the checks: the body
 limit and the host allow-list come first (middleware), the sentences are checked by the
 package's one rule (`inference.limits`), as the command line and the `Translator` check them.
@@ -121,6 +121,39 @@ def allowed_hosts_for(host, allowed=None):
     return [literal]
 
 
+class HostCheck:
+    """ASGI middleware: Starlette's `TrustedHostMiddleware` decides whether the ``Host``
+    header is one of `allowed_hosts` (its parsing of ports and IPv6 literals, its ``*`` and
+    ``*.example.org`` patterns; no ``www.`` redirect); a foreign one is answered as every bad
+    request is, 400 ``{"error": ...}``, where Starlette answers in plain text."""
+
+    _OK = "d2l_transformer.host_ok"  # set in the scope when Starlette lets the request through
+
+    def __init__(self, app, allowed_hosts):
+        self.app = app
+        self.check = TrustedHostMiddleware(self._passed, allowed_hosts=allowed_hosts,
+                                           www_redirect=False)
+        self.others = TrustedHostMiddleware(app, allowed_hosts=allowed_hosts,
+                                            www_redirect=False)  # websockets, lifespan
+
+    @classmethod
+    async def _passed(cls, scope, receive, send):
+        scope[cls._OK] = True
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.others(scope, receive, send)
+
+        async def refused(message):  # Starlette's own answer, replaced below
+            pass
+
+        await self.check(scope, receive, refused)
+        if scope.pop(self._OK, False):
+            return await self.app(scope, receive, send)
+        await _error(400, "Invalid host header: not a name this server answers to (its "
+                          "--host or --allowed-hosts)")(scope, receive, send)
+
+
 class BodyLimit:
     """ASGI middleware: a request body over `max_body` bytes is answered 413 before the app
     reads it (by Content-Length, or counted as it streams in: the chunks are kept in a list
@@ -216,7 +249,7 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
                               "attention weights. The page at / explores them. LibreTranslate's "
                               "API is served at its own paths.")
     app.add_middleware(BodyLimit, max_body=max_body)
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))  # outermost
+    app.add_middleware(HostCheck, allowed_hosts=list(allowed_hosts))  # outermost
     token_limit = min(max_tokens, engine.max_positions)
     limits = {"max_sentences": max_sentences, "max_chars": max_chars, "max_tokens": token_limit,
               "max_attention_cells": max_attention_cells, "max_beam": MAX_BEAM,
