@@ -89,16 +89,24 @@ def slow(port, body, pause, stall=False, timeout=120):
             for i in range(2 if stall else len(body)):
                 s.sendall(body[i:i + 1])
                 time.sleep(pause)
-            answer = b""
-            while True:
-                part = s.recv(65536)
-                if not part:
-                    break
-                answer += part
         except OSError:
             return None, b""
-    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else None
-    return status, answer.split(b"\r\n\r\n", 1)[-1]
+        return answer(s)
+
+
+def answer(s):
+    """``(status, body)`` of what the server sends on socket `s` until it closes it."""
+    data = b""
+    try:
+        while True:
+            part = s.recv(65536)
+            if not part:
+                break
+            data += part
+    except OSError:
+        pass
+    status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else None
+    return status, data.split(b"\r\n\r\n", 1)[-1]
 
 
 def slow_head(port, pause=1.0, timeout=120):
@@ -113,17 +121,7 @@ def slow_head(port, pause=1.0, timeout=120):
                 time.sleep(pause)
         except OSError:  # closed by the server: its answer is in the socket's buffer
             pass
-        answer = b""
-        try:
-            while True:
-                part = s.recv(65536)
-                if not part:
-                    break
-                answer += part
-        except OSError:
-            pass
-    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else None
-    return status, answer.split(b"\r\n\r\n", 1)[-1]
+        return answer(s)
 
 
 def hostile():

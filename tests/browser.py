@@ -96,6 +96,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def read_until_closed(sock):
+    """Every byte a server sends on `sock` until it closes the connection."""
+    out = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return out
+        out += chunk
+
+
 class ServerThread:
     """uvicorn serving `app` on a free loopback port, in a thread of this process, with the
     connections of `serve` (`serve.connection.protocol`; `http`: another class or its

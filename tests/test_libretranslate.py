@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
-from browser import free_port, train_small_model  # noqa: E402
+from browser import free_port, read_until_closed, train_small_model  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from d2l_transformer.serve.app import create_app  # noqa: E402
@@ -246,12 +246,7 @@ def test_the_served_process_answers_what_is_not_http_and_foreign_hosts_in_json(s
                                  "--host or --allowed-hosts)")):
         with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
             sock.sendall(raw)
-            reply = b""
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                reply += chunk
+            reply = read_until_closed(sock)
         head, _, body = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 " + status), head
         assert json.loads(body) == {"error": error}

@@ -9,7 +9,7 @@ import time
 import pytest
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
-from browser import ServerThread  # noqa: E402
+from browser import ServerThread, read_until_closed  # noqa: E402
 
 HEAD = 0.6  # seconds: the deadline of these servers
 
@@ -42,14 +42,18 @@ def connect(server):
     return sock
 
 
-def read_all(sock):
-    """Everything the server sends until it closes the connection."""
-    out = b""
+def read_response(sock):
+    """One whole response (its head, then Content-Length bytes) from a kept-alive `sock`."""
+    data = b""
     while True:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep:
+            fields = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+            if len(body) >= int(fields.get(b"content-length", b"0")):
+                return data
         chunk = sock.recv(65536)
-        if not chunk:
-            return out
-        out += chunk
+        assert chunk, data
+        data += chunk
 
 
 def request(path="/", body=b""):
@@ -76,7 +80,7 @@ def test_a_head_sent_a_byte_at_a_time_is_cut_off_with_a_408(server):
             time.sleep(0.05)
             if time.monotonic() - tic > HEAD + 5:
                 break
-        status, body = parse(read_all(sock))
+        status, body = parse(read_until_closed(sock))
         elapsed = time.monotonic() - tic
     assert closed or elapsed < HEAD + 5
     assert status == "HTTP/1.1 408 Request Timeout"
@@ -87,7 +91,7 @@ def test_a_head_sent_a_byte_at_a_time_is_cut_off_with_a_408(server):
 def test_a_connection_that_sends_nothing_is_closed_without_a_word(server):
     with connect(server) as sock:
         tic = time.monotonic()
-        assert read_all(sock) == b""
+        assert read_until_closed(sock) == b""
         assert HEAD - 0.1 < time.monotonic() - tic < HEAD + 3
 
 
@@ -100,10 +104,10 @@ def test_the_deadline_restarts_for_each_request_of_a_connection(server):
             for i in range(0, len(data), 10):
                 sock.sendall(data[i:i + 10])
                 time.sleep(HEAD / 2 / (len(data) / 10))
-            reply = sock.recv(65536)
+            reply = read_response(sock)
             assert reply.startswith(b"HTTP/1.1 200 OK") and reply.endswith(b'{"bytes": 3}')
         sock.sendall(b"POST / HT")  # then the head stops
-        assert parse(read_all(sock))[0] == "HTTP/1.1 408 Request Timeout"
+        assert parse(read_until_closed(sock))[0] == "HTTP/1.1 408 Request Timeout"
 
 
 def test_a_slow_body_is_the_bodys_deadline_not_the_heads(server):
@@ -115,7 +119,7 @@ def test_a_slow_body_is_the_bodys_deadline_not_the_heads(server):
         for i in range(0, len(body), 2):
             sock.sendall(body[i:i + 2])
             time.sleep(2 * HEAD / 10)
-        reply = sock.recv(65536)
+        reply = read_response(sock)
     assert reply.startswith(b"HTTP/1.1 200 OK") and reply.endswith(b'{"bytes": 20}')
 
 
@@ -129,7 +133,7 @@ def test_what_is_not_http_is_a_json_400(server, raw):
     with connect(server) as sock:
         tic = time.monotonic()
         sock.sendall(raw)
-        status, body = parse(read_all(sock))
+        status, body = parse(read_until_closed(sock))
         assert time.monotonic() - tic < HEAD / 2
     assert status == "HTTP/1.1 400 Bad Request"
     assert body == {"error": "Invalid HTTP request received."}
