@@ -173,9 +173,11 @@ __attribute__((target("avx2,fma"))) void top_k_row_avx2(const float* row, const 
 // D2L_TRANSFORMER_KERNELS_ISA=generic (read once) keeps to the generic build on any CPU, so
 // that the tests run the same checks on both builds (tests/test_kernels.py).
 bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          !(std::getenv("D2L_TRANSFORMER_KERNELS_ISA") &&
-                            std::string(std::getenv("D2L_TRANSFORMER_KERNELS_ISA")) == "generic");
+  static const bool yes = [] {
+    const char* isa = std::getenv("D2L_TRANSFORMER_KERNELS_ISA");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           !(isa && std::string(isa) == "generic");
+  }();
   return yes;
 }
 #endif
