@@ -10,7 +10,8 @@ server's sockets for as long as the client likes. Here each request's head must 
 is answered 408 ``{"error": ...}``, a connection that sent nothing is closed without a word
 (browsers open spare connections that they may never use). The body has its own deadline
 (`app.BodyLimit`). A request that is not HTTP (a bad request line, a bad ``Content-Length``, a
-head over h11's 16 KiB) is uvicorn's 400, with ``{"error": ...}`` instead of plain text.
+head still unfinished past h11's 16 KiB buffer) is uvicorn's 400, with ``{"error": ...}``
+instead of plain text.
 
 The h11 protocol is used whatever else is installed (httptools, uvloop): these hooks are its
 own, and at the chapter's sizes the model, not the parser, sets the pace.
