@@ -26,6 +26,7 @@ from .attention import (  # noqa: E402
     transpose_output,
     transpose_qkv,
 )
+from .build import build_model  # noqa: E402
 from .config import CHAPTER, FULL, PRESETS, TINY, TransformerConfig  # noqa: E402
 from .context import parse_ctx, parse_ctx_list, try_gpu  # noqa: E402
 from .data import (  # noqa: E402
@@ -45,13 +46,11 @@ from .layers import AddNorm, PositionalEncoding, PositionWiseFFN  # noqa: E402
 from .model import (  # noqa: E402
     Decoder,
     DecoderBlock,
-    DecoderStep,
     Encoder,
     EncoderBlock,
     EncoderDecoder,
     TransformerDecoder,
     TransformerEncoder,
-    build_model,
 )
 from .training import (  # noqa: E402
     ClipAdam,

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import d2l_transformer as d2t  # noqa: E402
 from d2l_transformer.data import heldout_nmt  # noqa: E402
 from d2l_transformer.evaluate import corpus_bleu  # noqa: E402
-from d2l_transformer.model import every_other_layers  # noqa: E402
+from d2l_transformer.variants import every_other_layers  # noqa: E402
 
 VARIANTS = [  # name, config changes, blocks kept at inference (None: all)
     ("chapter (post-norm)", {}, None),

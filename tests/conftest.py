@@ -24,6 +24,19 @@ def copy_params(src, dst):
         d.set_data(s.data())
 
 
+class ModelGraph(mx.gluon.HybridBlock):
+    """A model's chapter call, the encoder then the decoder on a fresh state, as ONE graph
+    (what the fast path traces): ``graph(X, Y, valid_length) -> logits``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.encoder, self.decoder = model.encoder, model.decoder
+
+    def hybrid_forward(self, F, X, Y, valid_length):
+        state = self.decoder.init_state(self.encoder(X, valid_length), valid_length)
+        return self.decoder(Y, state)[0]
+
+
 def assert_close(a, b, tol=1e-5):
     a = a.asnumpy() if hasattr(a, "asnumpy") else onp.asarray(a)
     b = b.asnumpy() if hasattr(b, "asnumpy") else onp.asarray(b)

@@ -8,6 +8,7 @@ from conftest import assert_close, copy_params
 from mxnet import autograd, np
 
 import d2l_transformer as d2t
+from d2l_transformer.model import causal_valid_length
 
 
 @pytest.mark.parametrize("valid_length", [None, [2, 3], [[1, 3], [2, 4]]])
@@ -25,9 +26,11 @@ def test_masked_positions_get_exactly_zero_weight():
     onp.testing.assert_allclose(W.sum(-1), 1, rtol=1e-6)
 
 
-def test_causal_mask_aligns_queries_with_the_newest_keys():
-    X = np.zeros((1, 2, 4))  # two new queries after two cached positions
-    W = d2t.masked_softmax(X, None, causal=True).asnumpy()[0]
+def test_causal_valid_lengths_align_queries_with_the_newest_keys():
+    X = np.zeros((1, 2, 4))  # two new queries after two kept positions
+    lengths = causal_valid_length(X, 2)
+    assert lengths.asnumpy().tolist() == [[3, 4]]
+    W = d2t.masked_softmax(X, lengths).asnumpy()[0]
     onp.testing.assert_allclose(W, [[1 / 3, 1 / 3, 1 / 3, 0], [0.25] * 4], rtol=1e-6)
 
 
@@ -112,7 +115,7 @@ def test_causal_softmax_gradient_reaches_only_visible_keys():
     x = np.random.normal(size=(1, 3, 3))
     x.attach_grad()
     with autograd.record():
-        y = (d2t.masked_softmax(x, None, causal=True) * np.arange(3)).sum()
+        y = (d2t.masked_softmax(x, causal_valid_length(x, 0)) * np.arange(3)).sum()
     y.backward()
     g = x.grad.asnumpy()[0]
     assert (g[onp.triu_indices(3, 1)] == 0).all() and abs(g[1, :2]).sum() > 0

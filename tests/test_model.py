@@ -3,7 +3,7 @@
 import chapter_reference as book
 import numpy as onp
 import pytest
-from conftest import assert_close, copy_params
+from conftest import ModelGraph, assert_close, copy_params
 from mxnet import autograd, np
 
 import d2l_transformer as d2t
@@ -96,8 +96,6 @@ def test_incremental_decoding_equals_one_causal_forward():
     full, _ = ours(X, Y, xl)  # eval mode: the corrected decoder is causal anyway
     assert_close(inc, full, tol=1e-5)
     assert state[2][0].shape == (3, 5, D) and len(state[2]) == LAYERS
-    graph = ours.decoder(Y, ours.encoder(X, xl), xl)  # the stateless graph call
-    assert_close(graph, full, tol=1e-5)
 
 
 def test_causality_future_tokens_do_not_change_earlier_outputs():
@@ -124,24 +122,8 @@ def test_fixes_change_nothing_else():
 def test_hybridized_model_equals_imperative():
     ours, _ = _models(exact=False)
     X, Y, xl, _ = _batch()
-    enc = ours.encoder(X, xl)
-    expected = ours.decoder(Y, enc, xl)
-    ours.encoder.hybridize(static_alloc=True, static_shape=True)
-    ours.decoder.hybridize(static_alloc=True, static_shape=True)
-    for _ in range(2):  # first call builds the graph, second reuses it
-        assert_close(ours.decoder(Y, ours.encoder(X, xl), xl), expected, tol=1e-5)
-
-
-def test_graph_call_refuses_exact_mode():
-    exact, _ = _models(exact=True)
-    X, Y, xl, _ = _batch()
-    with pytest.raises(ValueError, match="exact_chapter"):
-        exact.decoder(Y, exact.encoder(X, xl), xl)
-
-
-def test_too_long_target_is_a_clear_error():
-    ours, _ = _models(exact=False)
-    X, _, xl, _ = _batch()
-    state = ours.decoder.init_state(ours.encoder(X, xl), xl)
-    with pytest.raises(ValueError, match="longer than the model's 1000 positions"):
-        ours.decoder(np.zeros((3, 1001)), state)
+    expected, _ = ours(X, Y, xl)
+    graph = ModelGraph(ours)
+    graph.hybridize(static_alloc=True, static_shape=True)
+    for _ in range(2):  # the first call traces the graph, the second reuses it
+        assert_close(graph(X, Y, xl), expected, tol=1e-5)

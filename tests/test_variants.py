@@ -1,13 +1,12 @@
-"""The literature's variants as options on the chapter's blocks."""
+"""The literature's variants: subclasses of the chapter's blocks (d2l_transformer.variants)."""
 
 import mxnet as mx
 import numpy as onp
 import pytest
-from conftest import assert_close, copy_params
+from conftest import ModelGraph, assert_close, copy_params
 from mxnet import autograd, np
 
 import d2l_transformer as d2t
-from d2l_transformer.attention import drophead_schedule, fuse_qkv_params
 from d2l_transformer.contrib.averaging import average_checkpoints
 from d2l_transformer.contrib.classify import (
     TransformerClassifier,
@@ -15,8 +14,16 @@ from d2l_transformer.contrib.classify import (
     load_data_lang_id,
     train_classifier,
 )
-from d2l_transformer.layers import ScaleNorm
-from d2l_transformer.model import every_other_layers
+from d2l_transformer.variants import (
+    ScaleNorm,
+    VariantAddNorm,
+    VariantMultiHeadAttention,
+    VariantTransformerDecoder,
+    VariantTransformerEncoder,
+    drophead_schedule,
+    every_other_layers,
+    fuse_qkv_params,
+)
 
 V_SRC, V_TGT, D, FFN, HEADS, LAYERS = 30, 20, 16, 32, 4, 2
 OFF = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0.0,
@@ -37,19 +44,22 @@ def _run(model):
     return model(X, Y, xl, yl)
 
 
-def test_all_off_hybridized_graph_call_equals_default():
-    """Explicit off values, hybridized graph call == the default model, same parameters."""
+def test_all_off_is_the_chapter_and_the_variant_classes_equal_it():
+    """Explicit off values build the chapter's classes; the variant classes with every option
+    off compute the same, imperatively and hybridized, with the same parameter names."""
     default, off = d2t.build_model(CFG, V_SRC, V_TGT), d2t.build_model(CFG.replace(**OFF), V_SRC, V_TGT)
-    _run(default), _run(off)
-    copy_params(default, off)
+    assert type(off.encoder) is d2t.TransformerEncoder and type(off.decoder) is d2t.TransformerDecoder
+    args = (D, FFN, HEADS, LAYERS, 0.0)
+    variant = d2t.EncoderDecoder(VariantTransformerEncoder(V_SRC, *args),
+                                 VariantTransformerDecoder(V_TGT, *args))
+    _run(default), _run(variant)
+    copy_params(default, variant)
+    assert list(default._collect_params_with_prefix()) == list(variant._collect_params_with_prefix())
     X, Y, xl, yl = _batch()
-    off.encoder.hybridize(), off.decoder.hybridize()
-    a = default.decoder(Y, default.encoder(X, xl), xl)
-    b = off.decoder(Y, off.encoder(X, xl), xl)
-    # a graph's masked softmax is the fused softmax(length=...): equal to ~1e-7
-    assert_close(a, b, tol=1e-6)
-    assert [p.shape for p in default.collect_params().values()] == \
-        [p.shape for p in off.collect_params().values()]
+    assert_close(default(X, Y, xl)[0], variant(X, Y, xl)[0], tol=0)
+    graph = ModelGraph(variant)
+    graph.hybridize()
+    assert_close(graph(X, Y, xl), default(X, Y, xl)[0], tol=1e-6)
 
 
 def test_scalenorm_hand_computed():
@@ -61,7 +71,7 @@ def test_scalenorm_hand_computed():
 
 
 def test_prenorm_addnorm_hand_computed():
-    addnorm = d2t.AddNorm(0.0, pre_norm=True)
+    addnorm = VariantAddNorm(0.0, pre_norm=True)
     addnorm.initialize()
     X, Y = np.array([[[1.0, 3.0]]]), np.array([[[2.0, 2.0]]])
     assert_close(addnorm(X, Y), [[[3.0, 5.0]]])  # X + Y, no norm after the sum
@@ -71,12 +81,12 @@ def test_prenorm_addnorm_hand_computed():
 @pytest.mark.parametrize("kw", [{"pre_norm": True}, {"norm": "scale", "fixnorm": True},
                                 {"pre_norm": True, "norm": "scale"}])
 def test_norm_variants_shapes_and_final_norm(kw):
-    enc = d2t.TransformerEncoder(V_SRC, D, FFN, HEADS, LAYERS, 0.0, **kw)
-    dec = d2t.TransformerDecoder(V_TGT, D, FFN, HEADS, LAYERS, 0.0, **kw)
+    enc = VariantTransformerEncoder(V_SRC, D, FFN, HEADS, LAYERS, 0.0, **kw)
+    dec = VariantTransformerDecoder(V_TGT, D, FFN, HEADS, LAYERS, 0.0, **kw)
     enc.initialize(), dec.initialize()
     X, Y, xl, _ = _batch()
     H = enc(X, xl)
-    assert H.shape == (3, 6, D) and dec(Y, H, xl).shape == (3, 5, V_TGT)
+    assert H.shape == (3, 6, D) and dec(Y, dec.init_state(H, xl))[0].shape == (3, 5, V_TGT)
     if kw.get("pre_norm") and kw.get("norm", "layer") == "layer":
         # the final LayerNorm: every position has mean 0 and variance 1
         assert_close(H.mean(axis=-1), onp.zeros((3, 6)), tol=1e-5)
@@ -87,15 +97,14 @@ def test_norm_variants_shapes_and_final_norm(kw):
 
 
 def test_fixnorm_unit_embeddings():
-    from d2l_transformer.model import _embed
-    enc = d2t.TransformerEncoder(V_SRC, D, FFN, HEADS, LAYERS, 0.0, fixnorm=True)
+    enc = VariantTransformerEncoder(V_SRC, D, FFN, HEADS, LAYERS, 0.0, fixnorm=True)
     enc.initialize()
-    E = _embed(enc, _batch()[0])  # unit rows times the chapter's sqrt(d)
-    assert_close(np.sqrt((E * E).sum(axis=-1)), onp.full((3, 6), D ** 0.5), tol=1e-5)
+    E = enc.embed(_batch()[0])  # unit rows (the stack then multiplies by sqrt(d))
+    assert_close(np.sqrt((E * E).sum(axis=-1)), onp.ones((3, 6)), tol=1e-5)
 
 
 def _skipped_fraction(hybridize, p=0.3, n=300):
-    enc = d2t.TransformerEncoder(V_SRC, D, FFN, HEADS, 1, 0.0, layerdrop=p)
+    enc = VariantTransformerEncoder(V_SRC, D, FFN, HEADS, 1, 0.0, layerdrop=p)
     enc.initialize()
     if hybridize:
         enc.hybridize()
@@ -123,7 +132,7 @@ def test_layerdrop_inference_pruning_every_other():
     with pytest.raises(ValueError):
         every_other_layers(4, 0)
     full = d2t.TransformerEncoder(V_SRC, D, FFN, HEADS, 2, 0.0)
-    pruned = d2t.TransformerEncoder(V_SRC, D, FFN, HEADS, 2, 0.0, layerdrop=0.5)
+    pruned = VariantTransformerEncoder(V_SRC, D, FFN, HEADS, 2, 0.0, layerdrop=0.5)
     one = d2t.TransformerEncoder(V_SRC, D, FFN, HEADS, 1, 0.0)
     X, _, xl, _ = _batch()
     for m in (full, pruned, one):
@@ -142,7 +151,7 @@ def test_layerdrop_inference_pruning_every_other():
 @pytest.mark.parametrize("hybridize", [False, True])
 def test_drophead_rate_and_scaling(hybridize):
     batch, heads, d = 200, 4, 8
-    mha = d2t.MultiHeadAttention(d, heads, 0.0, drophead=0.5)
+    mha = VariantMultiHeadAttention(d, heads, 0.0, drophead=0.5)
     plain = d2t.MultiHeadAttention(d, heads, 0.0)
     X = np.array(onp.random.RandomState(0).randn(batch, 3, d), dtype="float32")
     for m in (mha, plain):
@@ -167,7 +176,7 @@ def test_drophead_rate_and_scaling(hybridize):
 def test_drophead_v_schedule():
     assert [drophead_schedule(s, 10, 0.2) for s in (0, 5, 10)] == [0.2, 0.0, 0.2]
     assert drophead_schedule(2.5, 10, 0.2) == pytest.approx(0.1)
-    mha = d2t.MultiHeadAttention(8, 2, 0.0, drophead=0.2)
+    mha = VariantMultiHeadAttention(8, 2, 0.0, drophead=0.2)
     mha.set_drophead(0.0)
     mha.initialize()
     mha.hybridize()
@@ -178,7 +187,7 @@ def test_drophead_v_schedule():
     with autograd.train_mode():
         assert not bool((mha(X, X, X) == mha(X, X, X)).all())
     with pytest.raises(ValueError):
-        d2t.MultiHeadAttention(8, 2, 0.0).set_drophead(0.1)
+        VariantMultiHeadAttention(8, 2, 0.0).set_drophead(0.1)
 
 
 @pytest.mark.parametrize("hybridize", [False, True])
@@ -189,11 +198,10 @@ def test_fused_qkv_equals_separate(hybridize):
     assert fused.encoder.blks[0].attention.W_qkv.weight.shape == (3 * D, D)
     fuse_qkv_params(sep, fused)
     X, Y, xl, yl = _batch()
+    graph = ModelGraph(fused)
     if hybridize:
-        fused.encoder.hybridize(), fused.decoder.hybridize()
-    a = sep.decoder(Y, sep.encoder(X, xl), xl)
-    b = fused.decoder(Y, fused.encoder(X, xl), xl)
-    assert_close(a, b, tol=1e-5)
+        graph.hybridize()
+    assert_close(graph(X, Y, xl), sep(X, Y, xl)[0], tol=1e-5)
     # the chapter's stateful call too (decoder cache: keys differ from queries)
     a, _ = sep(X, Y, xl, yl)
     b, _ = fused(X, Y, xl, yl)

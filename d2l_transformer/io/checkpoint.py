@@ -32,11 +32,11 @@ import shutil
 import mxnet as mx
 from mxnet import init, np
 
+from ..build import build_model
 from ..config import TransformerConfig
 from ..data import Vocab
 from ..data.tokenize import TokenizerError
 from ..data.tokenize import load_tokenizer as _load_tokenizer
-from ..model import build_model
 from . import atomic
 from .manifest import MANIFEST, ManifestError, build_manifest, read_checked
 

@@ -1,18 +1,19 @@
 """One training step, three ways with the same arithmetic: imperative (the chapter's), one
 hybridized graph (`TrainGraph`), and data-parallel over several devices or workers."""
 
-import mxnet as mx
 from mxnet import autograd, gluon
 
 from .. import _graphs, kernels
+from . import fused
 from .loss import MaskedSoftmaxCELoss
 from .optim import ClipAdam, _clip_global
 
 
 class TrainGraph(gluon.HybridBlock):
-    """Fast path: encoder + causal graph decoder + masked loss as ONE hybrid graph.
+    """Fast path: the encoder, the decoder's call on a fresh state and the loss as ONE graph.
 
-    Holds the model's own encoder/decoder (no copied model code); returns the (batch,) loss.
+    Holds the model's own encoder and decoder (no copied model code); returns the (batch,) loss.
+    The fused kernels are put in place by `fused.fuse` where the graph is built.
     """
 
     def __init__(self, model, loss=None, **kwargs):
@@ -23,22 +24,17 @@ class TrainGraph(gluon.HybridBlock):
 
     def hybrid_forward(self, F, X, X_vlen, Y_input, Y_label, Y_vlen):
         enc_outputs = self.encoder(X, X_vlen)  # (batch, num_steps, d)
-        Y_hat = self.decoder(Y_input, enc_outputs, X_vlen)  # (batch, num_steps - 1, vocab)
-        if F is mx.sym and self._fused_loss():  # the same loss and gradient in one CPU operator
-            return kernels.softmax_ce(F, Y_hat, Y_label, Y_vlen, self.loss.label_smoothing,
-                                      self.loss.reduction == "token")  # (batch,)
+        state = self.decoder.init_state(enc_outputs, X_vlen)
+        Y_hat, _ = self.decoder(Y_input, state)  # (batch, num_steps - 1, vocab)
         return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
 
-    def _fused_loss(self):
-        """True when the graph is traced with the kernels and the loss is a label-smoothed or
-        per-token `MaskedSoftmaxCELoss` with SoftmaxCELoss's defaults (`kernels.softmax_ce`:
-        MXNet's log_softmax backward and mean over the vocabulary dominate such a step). The
-        chapter's own loss keeps MXNet's operators: its fast path's validated numbers."""
-        loss = self.loss
-        return (kernels.active() and type(loss) is MaskedSoftmaxCELoss and loss._axis == -1
-                and loss._sparse_label and not loss._from_logits and loss._weight is None
-                and loss._batch_axis == 0 and loss.reduction in ("book", "token")
-                and (loss.label_smoothing > 0 or loss.reduction == "token"))
+
+def _graph(model, loss):
+    """The hybridized `TrainGraph` with the kernels in place, traced again when a block in it
+    changes (`_graphs`: DropHead rate, pruning)."""
+    graph = _graphs.track(fused.fuse(TrainGraph(model, loss)))
+    graph.hybridize(static_alloc=True, static_shape=True)
+    return graph
 
 
 def _fast_step(model, trainer, loss, clip_per_token=False):
@@ -46,8 +42,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
     clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
     device. Same signature and meaning as the faithful step in `train_s2s_ch8`. The graph is
     traced again when a block in it changes (`_graphs`: DropHead rate, pruning, kernels)."""
-    graph = _graphs.track(TrainGraph(model, loss))
-    graph.hybridize(static_alloc=True, static_shape=True)
+    graph = _graph(model, loss)
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first step's deferred initialisation
 
@@ -55,7 +50,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
         with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
-            l = _graphs.call(graph, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l = fused.run(graph, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
         l.backward()
         num_tokens = Y_vlen.sum()
         if not update:
@@ -86,8 +81,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first allreduce (the kvstore exists then)
     if fast:
-        graph = _graphs.track(TrainGraph(model, loss))
-        graph.hybridize(static_alloc=True, static_shape=True)
+        graph = _graph(model, loss)
     else:
         def graph(X, X_vlen, Y_input, Y_label, Y_vlen):
             return loss(model(X, Y_input, X_vlen, Y_vlen)[0], Y_label, Y_vlen)
@@ -99,7 +93,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
         with autograd.record(), kernels.fused(used):
-            losses = [_graphs.call(graph, *part) if fast else graph(*part)
+            losses = [fused.run(graph, *part) if fast else graph(*part)
                       for part in zip(*parts)]  # (batch_i,) per device
         autograd.backward(losses)
         for c in ctxs[len(used):]:  # devices without data add nothing to the sum
