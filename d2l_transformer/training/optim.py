@@ -7,10 +7,13 @@ import mxnet as mx
 from mxnet import gluon
 
 
-def _clip_global(params, theta):
-    """One-pass global-norm clipping (gluon.utils.clip_global_norm), no host sync here."""
-    grads = [p.grad().as_nd_ndarray() for p in params]  # legacy views, same memory
-    gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
+def clip_global(params, theta, ctxs=None):
+    """Scale the gradients of `params` to global L2 norm at most theta on each device of `ctxs`
+    (default: the first), in one pass (gluon's ``clip_global_norm``), no host sync: where
+    `ClipAdam` does not apply. The chapter's own clip, with its host sync, is `grad_clipping`."""
+    for ctx in ctxs or [params[0].list_ctx()[0]]:
+        grads = [p.grad(ctx).as_nd_ndarray() for p in params]  # legacy views, same memory
+        gluon.utils.clip_global_norm(grads, theta, check_isfinite=False)
 
 
 class ClipAdam:

@@ -6,7 +6,7 @@ from mxnet import autograd, gluon
 from .. import _graphs, kernels
 from . import fused
 from .loss import MaskedSoftmaxCELoss
-from .optim import ClipAdam, _clip_global
+from .optim import ClipAdam, clip_global
 
 
 class TrainGraph(gluon.HybridBlock):
@@ -59,7 +59,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
         if update[0] is not None:
             update[0](num_tokens)
         else:
-            _clip_global(params, float(num_tokens) if clip_per_token else 1)  # a sync if so
+            clip_global(params, float(num_tokens) if clip_per_token else 1)  # a sync if so
             trainer.step(num_tokens)
         return l.sum(), num_tokens  # stay on the device
 
@@ -109,9 +109,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         if update[0] is not None:
             update[0](total)
         else:
-            for c in ctxs:
-                gluon.utils.clip_global_norm([p.grad(c).as_nd_ndarray() for p in params],
-                                             total if clip_per_token else 1, check_isfinite=False)
+            clip_global(params, total if clip_per_token else 1, ctxs)
             trainer.update(total)
         return sum(float(l.sum()) for l in losses), num_tokens
 
