@@ -7,7 +7,17 @@ both install the module `mxnet` and cannot sit side by side:
     pip install '.[cu112]'    # mxnet-cu112==1.9.1 + the CUDA 11 libraries it needs
 """
 
+import re
+
 from setuptools import find_packages, setup
+
+
+def read_version():
+    """``__version__`` of d2l_transformer/_version.py, read as text (importing the package
+    would import MXNet)."""
+    with open("d2l_transformer/_version.py", encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M).group(1)
+
 
 CUDA11 = [  # mxnet-cu112 links these but does not bundle them; d2l_transformer preloads them
     "nvidia-cuda-runtime-cu11",
@@ -23,7 +33,7 @@ CUDA11 = [  # mxnet-cu112 links these but does not bundle them; d2l_transformer 
 
 setup(
     name="d2l_transformer",
-    version="0.4.0",
+    version=read_version(),
     description="The Transformer of d2l 9.3 (MXNet/Gluon), reproduced, tested and extended",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from .. import __version__
+from .._version import __version__
 from ..inference.limits import MAX_CHARS, MAX_TOKENS, SentenceError, sentence_tokens
 from ..inference.translator import BEAM_SIZE
 from ..viz.attention_html import explorer_page

@@ -174,7 +174,7 @@ def write(source, directory, quantization=None):
 
 
 def _manifest(source, quantization, ct2_version, tokenizer_files):
-    from ... import __version__
+    from ..._version import __version__
     cfg, src_vocab, tgt_vocab = source.cfg, source.src_vocab, source.tgt_vocab
     return {
         "format": FORMAT,

@@ -111,7 +111,7 @@ def write(source, directory, ctx):
 
 
 def _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
-    from ... import __version__
+    from ..._version import __version__
     graphs = _io_spec(num_layers, hidden, len(tgt_vocab))
     for name in (ENCODER, STEP):
         graphs[name].update(symbol=f"{name}-symbol.json", params=f"{name}-0000.params")
