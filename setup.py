@@ -48,7 +48,6 @@ setup(
         "numpy>=1.16,<1.24; python_version < '3.12'",
         "numpy>=1.26,<2; python_version >= '3.12'",
         "setuptools; python_version >= '3.12'",
-        "gluonnlp==0.10.0",
         "matplotlib",
         "sacrebleu>=2",  # sacrebleu.metrics.BLEU / CHRF and their signatures
         "sentencepiece",  # the subword presets' tokenizer
@@ -57,8 +56,10 @@ setup(
     extras_require={
         "cpu": ["mxnet==1.9.1"],
         "cu112": ["mxnet-cu112==1.9.1"] + CUDA11,
-        # ipython<9 for the d2l oracle (IPython 9 lost set_matplotlib_formats)
-        "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium", "libretranslatepy"],
+        # ipython<9 for the d2l oracle (IPython 9 lost set_matplotlib_formats); gluonnlp for
+        # the reference beam search (tests/decoding_reference.py)
+        "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium", "libretranslatepy",
+                 "gluonnlp==0.10.0"],
         "serve": ["fastapi", "uvicorn"],  # d2l-transformer serve
         # export --format ctranslate2 (its spec API; 4.x: the TransformerSpec the export fills)
         "ctranslate2": ["ctranslate2>=4,<5; python_version >= '3.9'"],  # no wheel for 3.8
