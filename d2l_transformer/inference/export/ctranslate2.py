@@ -29,6 +29,7 @@ import tempfile
 import numpy as onp
 
 from ...io import atomic
+from ...io.manifest import MANIFEST
 from ..translator import EXTRA_LENGTH
 from .source import ExportError, copy_file, write_tokenizer_files
 
@@ -37,15 +38,15 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
                  "bfloat16", "float32")  # CTranslate2's weight types (`ModelSpec.optimize`)
 SPECIAL_TOKENS = ("<unk>", "<pad>", "<bos>", "<eos>")
 LAYER_NORM_EPSILON = 1e-5  # Gluon's LayerNorm default, the chapter's
-INSTALL = "pip install 'd2l-transformer[ctranslate2]' (or pip install 'ctranslate2==4.*')"
+INSTALL = "pip install 'd2l_transformer[ctranslate2]'"
 
 
-def import_ctranslate2():
-    """The `ctranslate2` module, or ExportError saying how to install it."""
+def import_ctranslate2(what="--format ctranslate2"):
+    """The `ctranslate2` module, or ExportError saying how to install it (for `what`)."""
     try:
         import ctranslate2
     except ImportError:
-        raise ExportError(f"--format ctranslate2 needs the ctranslate2 package: {INSTALL}") from None
+        raise ExportError(f"{what} needs the ctranslate2 package: {INSTALL}") from None
     return ctranslate2
 
 
@@ -59,13 +60,15 @@ def check(cfg, quantization):
                           f"{', '.join(QUANTIZATIONS)}")
 
 
-def decoding_options(cfg, longest):
+def decoding_options(cfg, longest, max_positions=None):
     """`ctranslate2.Translator.translate_batch` options that decode as the package's greedy
     `Translator` does, for a batch whose longest source has `longest` tokens (the package's
-    limit is per sentence, max(num_steps, length + 10): equal for a batch of sentences of one
-    length class, and for any sentence that ends before the batch's limit)."""
+    limit is per sentence, max(num_steps, length + 10), at most the model's `max_positions`:
+    equal for a batch of sentences of one limit, and for any sentence that ends before the
+    batch's limit)."""
+    limit = max(cfg.num_steps, longest + EXTRA_LENGTH)
     return {"beam_size": 1, "min_decoding_length": 0, "length_penalty": 0,
-            "max_decoding_length": max(cfg.num_steps, longest + EXTRA_LENGTH),
+            "max_decoding_length": limit if max_positions is None else min(limit, max_positions),
             "max_input_length": 0, "suppress_sequences": [["<pad>"], ["<bos>"]]}
 
 
@@ -176,8 +179,11 @@ def write(source, directory, quantization=None):
 def _manifest(source, quantization, ct2_version, tokenizer_files):
     from ..._version import __version__
     cfg, src_vocab, tgt_vocab = source.cfg, source.src_vocab, source.tgt_vocab
+    model_manifest = os.path.join(source.directory, MANIFEST)
     return {
         "format": FORMAT,
+        "model_manifest_sha256": (atomic.sha256(model_manifest)  # the model version exported
+                                  if os.path.exists(model_manifest) else None),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ctranslate2_version": ct2_version,
         "d2l_transformer_version": __version__,

@@ -1,0 +1,175 @@
+"""Translation engines: one interface for the command line, `evaluate` and the server.
+
+``open_engine(model_dir, engine)`` gives an object that translates token lists:
+``translate(sentences, beam_size=1, alpha=ALPHA, *, n_best=None)`` -> one `Hypothesis(tokens,
+score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
+``log P(Y | x) / ((5 + |Y|) / 6) ** alpha`` with |Y| counting ``<eos>`` (the Transformer paper,
+6.1). Both engines also carry the model's `cfg`, `src_vocab`, `tgt_vocab`, `tokenizer` and
+`max_positions`, so that the callers check and tokenize sentences by the package's one rule
+(`limits`).
+
+* ``"mxnet"`` (`MXNetEngine`): the package's `Translator` over the MXNet model (a model trained
+  with ``--exact-chapter``: the chapter's `predict_s2s_ch8`, greedy only); it also gives the
+  attention weights of a translation (`MXNetEngine.attention`).
+* ``"ctranslate2"`` (`CTranslate2Engine`): OpenNMT's CTranslate2 over the model's float32 export,
+  made on first use and kept beside the model directory (`export.kept_export`). Greedy decoding
+  gives the MXNet engine's tokens; beam search ranks its hypotheses by CTranslate2's length
+  penalty ``log P / |Y| ** alpha`` instead of GNMT's, and the scores it returns are converted to
+  GNMT's (docs/export.md).
+"""
+
+import json
+import math
+import os
+
+from ..config import TransformerConfig
+from ..data import Vocab
+from ..data import load_tokenizer as _tokenizer_of
+from ..io import checkpoint
+from .decode import predict_s2s_ch8
+from .limits import SentenceError, check_length
+from .text import TranslationError, translator_options
+from .translator import ALPHA, EXTRA_LENGTH, Hypothesis, Translator, length_penalty
+
+ENGINES = ("mxnet", "ctranslate2")
+DEFAULT_ENGINE = "mxnet"
+BATCH = 64  # sentences decoded together
+
+
+def _check_search(beam_size, n_best):
+    if beam_size < 1:
+        raise ValueError(f"beam size must be at least 1, not {beam_size}")
+    if n_best is not None and not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be 1 to the beam size {beam_size}, not {n_best}")
+
+
+class MXNetEngine:
+    """The package's `Translator` on a loaded model (`MXNetEngine.load`: from a model
+    directory). `no_unk`: never emit ``<unk>`` (`text.no_unk_for`)."""
+
+    name = "mxnet"
+
+    def __init__(self, model, src_vocab, tgt_vocab, cfg, tokenizer, ctx, *, no_unk=False,
+                 batch_size=BATCH):
+        self.model, self.src_vocab, self.tgt_vocab, self.cfg = model, src_vocab, tgt_vocab, cfg
+        self.tokenizer, self.ctx = tokenizer, ctx
+        self.max_positions = model.encoder.pos_encoding.max_len
+        self.translator = None
+        if cfg.exact_chapter:
+            if no_unk:
+                raise TranslationError("--no-unk needs the corrected model; this one was "
+                                       "trained with --exact-chapter")
+        else:
+            self.translator = Translator(model, src_vocab, tgt_vocab, ctx, batch_size=batch_size,
+                                         **translator_options(cfg, no_unk))
+
+    @classmethod
+    def load(cls, model_dir, ctx=None, **kwargs):
+        """The engine of the model directory `model_dir` (CheckpointError: one line)."""
+        import mxnet as mx
+        ctx = ctx or mx.cpu()
+        model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir, ctx)
+        engine = cls(model, src_vocab, tgt_vocab, cfg, checkpoint.load_tokenizer(model_dir, cfg),
+                     ctx, **kwargs)
+        engine.summary = summary
+        return engine
+
+    def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
+        """`Translator.translate`; for an exact-chapter model the chapter's greedy loop (score
+        None)."""
+        _check_search(beam_size, n_best)
+        if self.translator is not None:
+            return self.translator.translate(sentences, beam_size, alpha, n_best=n_best)
+        if beam_size > 1:
+            raise TranslationError("beam search needs the corrected model; this one was trained "
+                                   "with --exact-chapter (use --beam 1)")
+        hyps = [Hypothesis(predict_s2s_ch8(self.model, " ".join(s), self.src_vocab,
+                                           self.tgt_vocab, self.cfg.num_steps, self.ctx).split(),
+                           None) for s in sentences]
+        return hyps if n_best is None else [[h] for h in hyps]
+
+    def attention(self, src_tokens, tgt_tokens):
+        """`Translator.attention`: every layer's and head's weights for a translation."""
+        if self.translator is None:
+            raise TranslationError("attention maps need the corrected model; this one was "
+                                   "trained with --exact-chapter")
+        return self.translator.attention(src_tokens, tgt_tokens)
+
+
+class CTranslate2Engine:
+    """CTranslate2's ``Translator`` over the float32 export kept beside `model_dir`
+    (`export.kept_export`: exported on first use, again when the model directory changes).
+    ExportError (one line) for an exact-chapter or ScaleNorm model, or without the
+    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0: its default)."""
+
+    name = "ctranslate2"
+
+    def __init__(self, model_dir, *, no_unk=False, batch_size=BATCH, device="cpu",
+                 intra_threads=0):
+        from .export import kept_export
+        from .export.ctranslate2 import import_ctranslate2
+        ctranslate2 = import_ctranslate2("--engine ctranslate2")
+        self.directory, manifest = kept_export(model_dir)
+        self.cfg = TransformerConfig.from_json(json.dumps(manifest["config"]))
+        self.src_vocab, self.tgt_vocab = (
+            Vocab.from_dict({"idx_to_token": self._read_json(f"{side}_vocabulary.json")})
+            for side in ("source", "target"))
+        self.tokenizer = _tokenizer_of(self.directory, self.cfg)  # its copies of the spm models
+        self.max_positions = manifest["model"]["max_positions"]
+        self.summary = {"preset": manifest["model"].get("preset")}
+        self.no_unk = translator_options(self.cfg, no_unk)["no_unk"]
+        self.batch_size = batch_size
+        self.translator = ctranslate2.Translator(self.directory, device=device,
+                                                 intra_threads=intra_threads)
+
+    def _read_json(self, name):
+        with open(os.path.join(self.directory, name), encoding="utf-8") as f:
+            return json.load(f)
+
+    def _limit(self, source_length):
+        """The package's decode length limit (`Translator`): max(num_steps, length + 10)."""
+        return min(max(self.cfg.num_steps, source_length + EXTRA_LENGTH), self.max_positions)
+
+    def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
+        """The same contract as `Translator.translate` (SentenceError naming the sentence for
+        one no model can translate); sentences are decoded in groups of one length limit."""
+        _check_search(beam_size, n_best)
+        sentences = [list(s) for s in sentences]
+        for i, tokens in enumerate(sentences):
+            try:
+                check_length(tokens, self.max_positions, max_tokens=None)
+            except SentenceError as e:
+                raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
+        groups = {}
+        for i, s in enumerate(sentences):
+            groups.setdefault(self._limit(len(s)), []).append(i)
+        out = [None] * len(sentences)
+        for limit, idx in groups.items():
+            results = self.translator.translate_batch(
+                [sentences[i] for i in idx], max_batch_size=self.batch_size,
+                beam_size=beam_size, num_hypotheses=n_best or 1, length_penalty=alpha,
+                return_scores=True, max_decoding_length=limit, min_decoding_length=0,
+                max_input_length=0, disable_unk=self.no_unk,
+                suppress_sequences=[["<pad>"], ["<bos>"]])
+            for i, result in zip(idx, results):
+                hyps = [Hypothesis(list(tokens), self._score(score, len(tokens), limit, alpha))
+                        for tokens, score in zip(result.hypotheses, result.scores)]
+                out[i] = hyps[0] if n_best is None else hyps
+        return out
+
+    @staticmethod
+    def _score(score, length, limit, alpha):
+        """CTranslate2's ``log P / |Y| ** alpha`` as GNMT's ``log P / ((5 + |Y|) / 6) ** alpha``
+        (|Y| counts ``<eos>``, which a translation cut at the limit does not have)."""
+        n = length if length >= limit else length + 1
+        return score * math.pow(n, alpha) / length_penalty(n, alpha)
+
+
+def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH):
+    """The engine `engine` (`ENGINES`) over the model directory `model_dir`. Errors are one
+    line: CheckpointError, TranslationError, ExportError (``ctranslate2``)."""
+    if engine == "mxnet":
+        return MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
+    if engine == "ctranslate2":
+        return CTranslate2Engine(model_dir, no_unk=no_unk, batch_size=batch_size)
+    raise ValueError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
