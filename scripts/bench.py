@@ -773,7 +773,7 @@ def _own_peak_rss_mb():
 
 
 def book_row(s):
-    """(a) the chapter's own code: its classes as printed (tests/chapter_reference.py, on the
+    """(a) the chapter's own code: its classes as printed (oracles/chapter_0_11.py, on the
     `d2l` 0.11.4 oracle the chapter imported) trained by d2l's own ``train_s2s_ch9``, on the
     same data; epochs timed from when the loop starts reading each epoch's batches."""
     import contextlib
@@ -784,8 +784,8 @@ def book_row(s):
     except ImportError:  # the oracle is a test dependency (make venv installs it)
         return float("nan"), {"skipped": "d2l 0.11.4 is not installed"}
     import mxnet as mx
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    import chapter_reference as book
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracles"))
+    import chapter_0_11 as book
 
     import d2l_transformer as d2t
     cfg = s["cfg"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The chapter's own run, as a learner runs it: the classes of 9.3 verbatim
-(tests/chapter_reference.py) trained by the `d2l==0.11.4` library the chapter imported
+(oracles/chapter_0_11.py) trained by the `d2l==0.11.4` library the chapter imported
 (`d2l.train_s2s_ch9`), then the four translations by its `d2l.predict_s2s_ch9`; every random
 stream seeded once, before the training cell (`mx.random.seed`, `random.seed`,
 `numpy.random.seed`). Writes OUT/summary.json in the format of scripts/train_chapter.py's, with
@@ -70,8 +70,8 @@ def run(args):
         return 2
     import mxnet as mx
     import numpy
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import chapter_reference as book
+    sys.path.insert(0, os.path.join(ROOT, "oracles"))
+    import chapter_0_11 as book
 
     tmp = tempfile.mkdtemp(prefix="chapter-oracle-")
     zip_copy = os.path.join(tmp, "fra-eng.zip")

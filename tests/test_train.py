@@ -97,7 +97,7 @@ def test_exact_training_equals_the_books_code_trained_by_d2l(nmt):
     import contextlib
     import io
 
-    import chapter_reference as book
+    import chapter_0_11 as book
     from conftest import trainable
 
     src_vocab, tgt_vocab, data_iter = nmt
