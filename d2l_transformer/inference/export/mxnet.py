@@ -13,9 +13,10 @@
     manifest.json    versions, the graphs' inputs and outputs (names, shapes, meaning), the
                      decoding conventions, size and SHA-256 of every file
 
-Both graphs contain MXNet's own operators only; they load with ``mx.gluon.SymbolBlock.imports`` (numpy mode, ``npx.set_np()``).
-scripts/exported_translate.py decodes with them using nothing of this package; docs/export.md
-shows how to call them from another program.
+Both graphs contain MXNet's own operators only; they load with
+``mx.gluon.SymbolBlock.imports`` (numpy mode, ``npx.set_np()``). scripts/exported_translate.py
+decodes with them using nothing of this package; docs/export.md shows how to call them from
+another program.
 """
 
 import datetime
