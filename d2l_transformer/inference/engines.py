@@ -9,7 +9,7 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
 (`limits`).
 
 * ``"mxnet"`` (`MXNetEngine`): the package's `Translator` over the MXNet model (a model trained
-  with ``--exact-chapter``: the chapter's `predict_s2s_ch8`, greedy only); it also gives the
+  with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also gives the
   attention weights of a translation (`MXNetEngine.attention`).
 * ``"ctranslate2"`` (`CTranslate2Engine`): OpenNMT's CTranslate2 over the model's float32 export,
   made on first use and kept beside the model directory (`export.kept_export`). Greedy decoding
@@ -26,10 +26,10 @@ from ..config import TransformerConfig
 from ..data import Vocab
 from ..data import load_tokenizer as _tokenizer_of
 from ..io import checkpoint
-from .decode import predict_s2s_ch8
-from .limits import SentenceError, check_length
-from .text import TranslationError, translator_options
-from .translator import ALPHA, EXTRA_LENGTH, Hypothesis, Translator, length_penalty
+from .decode import chapter_greedy
+from .limits import BANNED, SentenceError, check_length, decode_limit, require_corrected
+from .text import translator_options
+from .translator import ALPHA, Hypothesis, Translator, length_penalty
 
 ENGINES = ("mxnet", "ctranslate2")
 DEFAULT_ENGINE = "mxnet"
@@ -54,12 +54,11 @@ class MXNetEngine:
         self.model, self.src_vocab, self.tgt_vocab, self.cfg = model, src_vocab, tgt_vocab, cfg
         self.tokenizer, self.ctx = tokenizer, ctx
         self.max_positions = model.encoder.pos_encoding.max_len
+        self.summary = {}  # summary.json's, when loaded from a model directory
         self.translator = None
-        if cfg.exact_chapter:
-            if no_unk:
-                raise TranslationError("--no-unk needs the corrected model; this one was "
-                                       "trained with --exact-chapter")
-        else:
+        if no_unk:
+            require_corrected(cfg, "--no-unk")
+        if not cfg.exact_chapter:
             self.translator = Translator(model, src_vocab, tgt_vocab, ctx, batch_size=batch_size,
                                          **translator_options(cfg, no_unk))
 
@@ -81,18 +80,14 @@ class MXNetEngine:
         if self.translator is not None:
             return self.translator.translate(sentences, beam_size, alpha, n_best=n_best)
         if beam_size > 1:
-            raise TranslationError("beam search needs the corrected model; this one was trained "
-                                   "with --exact-chapter (use --beam 1)")
-        hyps = [Hypothesis(predict_s2s_ch8(self.model, " ".join(s), self.src_vocab,
-                                           self.tgt_vocab, self.cfg.num_steps, self.ctx).split(),
-                           None) for s in sentences]
+            require_corrected(self.cfg, "beam search")
+        hyps = [Hypothesis(chapter_greedy(self.model, s, self.src_vocab, self.tgt_vocab,
+                                          self.cfg.num_steps, self.ctx), None) for s in sentences]
         return hyps if n_best is None else [[h] for h in hyps]
 
     def attention(self, src_tokens, tgt_tokens):
         """`Translator.attention`: every layer's and head's weights for a translation."""
-        if self.translator is None:
-            raise TranslationError("attention maps need the corrected model; this one was "
-                                   "trained with --exact-chapter")
+        require_corrected(self.cfg, "attention maps")
         return self.translator.attention(src_tokens, tgt_tokens)
 
 
@@ -127,8 +122,8 @@ class CTranslate2Engine:
             return json.load(f)
 
     def _limit(self, source_length):
-        """The package's decode length limit (`Translator`): max(num_steps, length + 10)."""
-        return min(max(self.cfg.num_steps, source_length + EXTRA_LENGTH), self.max_positions)
+        """The package's decode length limit (`limits.decode_limit`), as the `Translator`'s."""
+        return decode_limit(self.cfg.num_steps, source_length, self.max_positions)
 
     def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
         """The same contract as `Translator.translate` (SentenceError naming the sentence for
@@ -150,7 +145,7 @@ class CTranslate2Engine:
                 beam_size=beam_size, num_hypotheses=n_best or 1, length_penalty=alpha,
                 return_scores=True, max_decoding_length=limit, min_decoding_length=0,
                 max_input_length=0, disable_unk=self.no_unk,
-                suppress_sequences=[["<pad>"], ["<bos>"]])
+                suppress_sequences=[[t] for t in BANNED])
             for i, result in zip(idx, results):
                 hyps = [Hypothesis(list(tokens), self._score(score, len(tokens), limit, alpha))
                         for tokens, score in zip(result.hypotheses, result.scores)]
@@ -167,7 +162,7 @@ class CTranslate2Engine:
 
 def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH):
     """The engine `engine` (`ENGINES`) over the model directory `model_dir`. Errors are one
-    line: CheckpointError, TranslationError, ExportError (``ctranslate2``)."""
+    line: CheckpointError, ExactChapterError, ExportError (``ctranslate2``)."""
     if engine == "mxnet":
         return MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
     if engine == "ctranslate2":

@@ -117,7 +117,7 @@ def kept_export(model_dir):
     ``ctranslate2`` package, or a ``.NAME.ctranslate2`` that is not an export (never replaced)
     or cannot be written."""
     _ct2.import_ctranslate2("--engine ctranslate2")
-    directory, cfg = read_config(model_dir)  # one version; the exact chapter's model refused
+    directory, cfg = read_config(model_dir, "--engine ctranslate2")  # one version
     _ct2.check(cfg, None)
     key = atomic.sha256(os.path.join(directory, MANIFEST))
     path = kept_path(model_dir)

@@ -30,7 +30,7 @@ import numpy as onp
 
 from ...io import atomic
 from ...io.manifest import MANIFEST
-from ..translator import EXTRA_LENGTH
+from ..limits import BANNED, EXTRA_LENGTH, decode_limit
 from .source import ExportError, copy_file, write_tokenizer_files
 
 FORMAT = "d2l_transformer export ctranslate2 1"
@@ -66,10 +66,9 @@ def decoding_options(cfg, longest, max_positions=None):
     limit is per sentence, max(num_steps, length + 10), at most the model's `max_positions`:
     equal for a batch of sentences of one limit, and for any sentence that ends before the
     batch's limit)."""
-    limit = max(cfg.num_steps, longest + EXTRA_LENGTH)
     return {"beam_size": 1, "min_decoding_length": 0, "length_penalty": 0,
-            "max_decoding_length": limit if max_positions is None else min(limit, max_positions),
-            "max_input_length": 0, "suppress_sequences": [["<pad>"], ["<bos>"]]}
+            "max_decoding_length": decode_limit(cfg.num_steps, longest, max_positions),
+            "max_input_length": 0, "suppress_sequences": [[t] for t in BANNED]}
 
 
 def _array(param):
