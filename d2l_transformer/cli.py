@@ -2,18 +2,16 @@
 
 Only wiring: training from `training.run`, translating from `inference.engines`, BLEU from
 `evaluate`, model directories from `checkpoint`, the book table from `book`.
-Errors the user can cause (bad option, missing model or data, bad input line) print one line
-``error: ...`` on stderr and exit non-zero; they never print a traceback. Anything else is a bug:
-its traceback is printed, then one line saying so, and the exit status is 3 (`guarded`).
+Errors the user can cause print one line ``error: ...`` and exit non-zero; anything else is a
+bug and keeps its traceback (`_guard`).
 """
 
 import argparse
-import errno
 import logging
 import os
 import sys
-import traceback
 
+from ._guard import EXIT_BAD_INPUT, EXIT_BUG, EXIT_ERROR, guarded  # noqa: F401 (EXIT_BUG)
 from .book import agreements, compare_table, load_run
 from .config import PRESETS, load_overrides, parse_overrides, resume_overrides
 from .context import parse_ctx, parse_ctx_list
@@ -27,13 +25,10 @@ from .inference.export import FORMATS as EXPORT_FORMATS
 from .inference.export import ExportError
 from .inference.export.ctranslate2 import QUANTIZATIONS
 from .inference.limits import ExactChapterError, SentenceError, require_corrected, sentence_tokens
-from .inference.text import TranslationError
 from .inference.translator import ALPHA, BEAM_SIZE
 from .io import atomic, checkpoint
 from .training import book_line
 from .training.run import RunError, train_model
-
-EXIT_BAD_INPUT, EXIT_ERROR, EXIT_BUG = 1, 2, 3
 
 
 class UserError(Exception):
@@ -41,7 +36,7 @@ class UserError(Exception):
 
 
 USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # one line each
-               TokenizerError, TranslationError, ExactChapterError, ExportError)
+               TokenizerError, ExactChapterError, ExportError)
 
 
 # ---------------------------------------------------------------------------------- translating
@@ -85,7 +80,7 @@ def cmd_translate(args):
         print(tokenizer.decode(out))
     if args.attention and good:
         from .viz.png import plot_attention_maps
-        m = explainer
+        m = explainer  # the first sentence's maps, of the engine's translation
         for path in plot_attention_maps(m.model, good[0], outputs[ok.index(True)], m.src_vocab,
                                         m.tgt_vocab, m.cfg.num_steps, ctx, args.attention):
             print(f"wrote {path}", file=sys.stderr)
@@ -95,8 +90,7 @@ def cmd_translate(args):
         write_explorer(args.attention_html,
                        explorer_items(explainer, tokenizer, texts, args.beam, args.alpha))
         print(f"wrote {args.attention_html}", file=sys.stderr)
-    problems = ok.count(False)
-    return EXIT_BAD_INPUT if problems else 0
+    return EXIT_BAD_INPUT if False in ok else 0
 
 
 # ---------------------------------------------------------------------------------- evaluating
@@ -139,18 +133,10 @@ def cmd_evaluate(args):
 
 
 # ---------------------------------------------------------------------------------- training
-def _devices(spec):
-    """``--ctx`` as a list of contexts; a bad one is a user error."""
+def _device(spec, parse=parse_ctx):
+    """``--ctx`` as one context (`parse_ctx_list`: a list of them); a bad one is a user error."""
     try:
-        return parse_ctx_list(spec)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
-def _device(spec):
-    """``--ctx`` as one context; a bad one is a user error."""
-    try:
-        return parse_ctx(spec)
+        return parse(spec)
     except ValueError as e:
         raise UserError(str(e)) from None
 
@@ -187,7 +173,7 @@ def _train_config(args):
 
 
 def cmd_train(args):
-    ctxs = _devices(args.ctx)
+    ctxs = _device(args.ctx, parse_ctx_list)
     cfg = _train_config(args)
     try:
         kvstore = create_kvstore(args.kvstore)
@@ -395,7 +381,7 @@ def main(argv=None):
     if getattr(args, "beam", 1) < 1:
         print("error: --beam must be at least 1", file=sys.stderr)
         return EXIT_ERROR
-    return guarded(args.func, args)
+    return guarded(args.func, args, USER_ERRORS, _user_paths(args))
 
 
 def _user_paths(args):
@@ -404,52 +390,6 @@ def _user_paths(args):
                                               "hostfile", "json", "hyp", "ref")]
     paths += list(getattr(args, "runs", None) or [])
     return [os.path.abspath(p) for p in paths if isinstance(p, str) and p]
-
-
-def _about_user_files(error, args):
-    """True when an OSError concerns a path the command line names: the path, a file in it, a
-    directory on the way to it, or a save's sibling of it; or the disk being full."""
-    if error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return True
-    names = [os.path.abspath(os.fsdecode(n)) for n in (error.filename, error.filename2)
-             if isinstance(n, (str, bytes))]
-    for path in _user_paths(args):
-        parent, base = os.path.split(path)
-        for name in names:
-            if name == path or name.startswith(path + os.sep) or \
-                    path.startswith(name.rstrip(os.sep) + os.sep) or \
-                    name.startswith(os.path.join(parent, f".{base}.")):
-                return True
-    return False
-
-
-def guarded(func, args):
-    """``func(args)`` with the command line's error policy: a user's error (bad option,
-    missing or damaged model or data, a file named on the command line that cannot be
-    read or written) prints one line ``error: ...`` and returns EXIT_ERROR; anything else is a
-    bug and keeps its traceback (printed, then one line saying so, EXIT_BUG)."""
-    try:
-        return func(args)
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except OSError as e:
-        if not _about_user_files(e, args):
-            return _bug(e)
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - reported with its traceback
-        return _bug(e)
-
-
-def _bug(error):
-    traceback.print_exc()
-    print(f"error: unexpected {type(error).__name__} (a bug in d2l-transformer: the traceback "
-          "is above)", file=sys.stderr)
-    return EXIT_BUG
 
 
 if __name__ == "__main__":
