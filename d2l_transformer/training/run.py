@@ -29,15 +29,6 @@ class RunError(ValueError):
     """A training run cannot start as asked; the message is one line."""
 
 
-class TrainingStopped(Exception):
-    """`train_model` stopped after epoch ``epoch`` because ``stop_after`` asked it to (the
-    model directory holds the last checkpoint, as after a killed run)."""
-
-    def __init__(self, epoch):
-        super().__init__(f"stopped after epoch {epoch}")
-        self.epoch = epoch
-
-
 class ProgressBar:
     """One `tqdm` bar on stderr for the whole run: epoch, batches, loss (book units) and target
     tokens/s of the current epoch. It is a ``train_s2s_ch8`` ``on_batch`` callback, so the
@@ -130,8 +121,8 @@ def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
 
 
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
-                data_path=None, checkpoint_every=1, progress=True, preset=None, stop_after=None,
-                log=None, valid_every=None, patience=None, average_last=None, overwrite=False):
+                data_path=None, checkpoint_every=1, progress=True, preset=None, log=None,
+                valid_every=None, patience=None, average_last=None, overwrite=False):
     """Train `cfg` from seed `seed` and return its summary (what summary.json holds).
 
     The one way a chapter run trains: seed everything with `seed`, load the data, build the
@@ -155,8 +146,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     saved); ``resume``: continue the run saved there; ``overwrite``: replace the model saved
     there (without either, an existing model directory is refused: `check_out_dir`, which also
     refuses any directory that is not a model directory). ``progress``: a `ProgressBar` on stderr.
-    ``log``: where the one-line status messages go (stderr). ``stop_after`` (tests of resume):
-    raise `TrainingStopped` after that epoch's checkpoint, as if the run had been killed.
+    ``log``: where the one-line status messages go (stderr).
 
     Validation (`validation.Validator`, for a config with a valid part): every ``valid_every``
     epochs (None: 1 when ``cfg.num_valid``, else never; 0: never) the valid loss and greedy
@@ -279,8 +269,6 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         if writer and improved:
             save_sub("best", best_epoch=epoch)
         tic[0] = time.time()
-        if stop_after and epoch >= stop_after:
-            raise TrainingStopped(epoch)
         if stopping.should_stop:
             summary["stopped_early"] = epoch
             say(f"stopping after epoch {epoch}: no better valid BLEU in {patience} validations "
