@@ -1,0 +1,132 @@
+"""The later editions' own code (oracles/chapter_0_17.py, oracles/chapter_1_0.py) runs on that
+edition's d2l release through scripts/chapter_oracle.py --edition, repeats itself with a seed,
+and writes the summary format. Skipped with the reason where a release is not unpacked in
+VENV/oracles (make venv does it) or does not import on this Python."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import d2l_transformer as d2t
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "chapter_oracle.py")
+RELEASES = {"0.17": "0.17.6", "1.0": "1.0.3"}
+SENTENCES = ["go .", "i lost .", "he's calm .", "i'm home ."]
+
+needs_data = pytest.mark.skipif(not os.path.exists(d2t.data.default_data_path()),
+                                reason="fra-eng.zip is not there")
+
+
+def _library(edition):
+    path = os.path.join(sys.prefix, "oracles", "d2l-" + RELEASES[edition])
+    if not os.path.isfile(os.path.join(path, "d2l", "mxnet.py")):
+        pytest.skip(f"d2l=={RELEASES[edition]} is not unpacked in {path} (make venv does it)")
+    return path
+
+
+def _oracle(tmp_path, *args):
+    r = subprocess.run([sys.executable, SCRIPT, "--ctx", "cpu", "--out", str(tmp_path), *args],
+                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+    if r.returncode == 2 and "does not import here" in r.stderr:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    return r.stdout, json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))
+
+
+def _cells(edition):
+    """The oracle module's training and prediction cells, read without importing it."""
+    name = {"0.17": "chapter_0_17.py", "1.0": "chapter_1_0.py"}[edition]
+    with open(os.path.join(ROOT, "oracles", name), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return {node.targets[0].id: node.value.value for node in tree.body
+            if isinstance(node, ast.Assign) and node.targets[0].id.endswith("_CELL")}
+
+
+def test_the_cells_read_as_the_book_prints_them():
+    """The runner changes only these strings (epochs, device); each is printed once."""
+    c17, c10 = _cells("0.17"), _cells("1.0")
+    assert c17["TRAIN_CELL"].count("lr, num_epochs, device = 0.005, 200, d2l.try_gpu()") == 1
+    assert "d2l.train_seq2seq(net, train_iter, lr, num_epochs, tgt_vocab, device)" in c17["TRAIN_CELL"]
+    assert c10["TRAIN_CELL"].count("max_epochs=30") == c10["TRAIN_CELL"].count("num_gpus=1") == 1
+    assert "data = d2l.MTFraEng(batch_size=128)" in c10["TRAIN_CELL"]
+    assert c10["PREDICT_CELL"].count("d2l.try_gpu()") == 1
+    for cells in (c17, c10):
+        assert all(f"'{s}'" in cells["PREDICT_CELL"] or f'"{s}"' in cells["PREDICT_CELL"]
+                   or s.replace("'", "\\'") in cells["PREDICT_CELL"] for s in SENTENCES)
+
+
+def test_a_missing_release_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, SCRIPT, "--edition", "1.0", "--library",
+                        str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "d2l 1.0.3 is not unpacked" in r.stderr and "pip install --no-deps" in r.stderr
+
+
+def test_the_oracles_import_nothing_of_this_package():
+    oracles = os.path.join(ROOT, "oracles")
+    paths = [os.path.join(oracles, n) for n in sorted(os.listdir(oracles)) if n.endswith(".py")]
+    assert [os.path.basename(p) for p in paths] == [
+        "chapter_0_11.py", "chapter_0_17.py", "chapter_1_0.py"]
+    for path in paths + [SCRIPT]:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        assert "import d2l_transformer" not in text and "from d2l_transformer" not in text, path
+
+
+@pytest.mark.slow
+@needs_data
+def test_the_classic_editions_run_repeats_itself_with_a_seed(tmp_path):
+    _library("0.17")
+    printed, a = _oracle(tmp_path / "a", "--edition", "0.17", "--epochs", "2", "--seed", "0")
+    _, b = _oracle(tmp_path / "b", "--edition", "0.17", "--epochs", "2", "--seed", "0")
+    assert a["epoch_history"] == b["epoch_history"] and a["translations"] == b["translations"]
+    assert a["oracle"] == "d2l 0.17.6" and a["edition"] == "0.17" and a["seed"] == 0
+    assert a["predict_error"] is None
+    assert [e for e, _ in a["epoch_history"]] == [1, 2]
+    (_, first), (_, second) = a["epoch_history"]
+    assert 0.35 < first < 0.5 and 0.25 < second < first  # measured: 0.429, 0.308
+    assert a["loss"] == second and a["loss_per_token"] == pytest.approx(10 * second)
+    assert sorted(a["translations"]) == sorted(SENTENCES) and set(a["bleu"]) == set(SENTENCES)
+    assert all(0 <= v <= 1 for v in a["bleu"].values())
+    # what the book prints: the training line, then one line per sentence with its BLEU
+    assert printed.splitlines()[0].startswith("loss 0.308, ") and "tokens/sec on cpu(0)" in printed
+    assert "go . => " + a["translations"]["go ."] + ",  bleu " in printed
+
+
+@pytest.mark.slow
+@needs_data
+def test_the_1_0_editions_run_repeats_itself_with_a_seed(tmp_path):
+    _library("1.0")
+    printed, a = _oracle(tmp_path / "a", "--edition", "1.0", "--epochs", "2", "--seed", "0")
+    _, b = _oracle(tmp_path / "b", "--edition", "1.0", "--epochs", "2", "--seed", "0")
+    assert a["epoch_history"] == b["epoch_history"] and a["translations"] == b["translations"]
+    assert a["oracle"] == "d2l 1.0.3" and a["edition"] == "1.0" and a["seed"] == 0
+    # per epoch: the training and the validation loss (means of what Module.plot receives)
+    assert [e for e, _, _ in a["epoch_history"]] == [1, 2]
+    (_, train1, val1), (_, train2, val2) = a["epoch_history"]
+    assert 3.0 < train1 < 4.0 and 1.5 < train2 < 2.0  # measured: 3.442, 1.761
+    assert 2.0 < val1 < 3.5 and 2.0 < val2 < 3.5  # measured: 2.546, 2.934
+    assert (a["loss"], a["val_loss"]) == (train2, val2)
+    assert sorted(a["translations"]) == sorted(SENTENCES)
+    assert "go . => [" in printed and "], bleu," in printed
+
+
+@needs_data
+def test_one_epoch_of_the_classic_edition_writes_the_summary(tmp_path):
+    """Quick: one epoch of 0.17 (about 10 s here); another seed gives another loss."""
+    _library("0.17")
+    _, a = _oracle(tmp_path / "a", "--edition", "0.17", "--epochs", "1", "--seed", "1")
+    assert a["title"] == "chapter's code (d2l 0.17)" and a["epochs"] == 1
+    assert a["ctx"] == "cpu(0)" and a["tokens_per_sec"] > 0 and a["num_tokens"] > 2000
+    [(epoch, loss)] = a["epoch_history"]
+    assert epoch == 1 and 0.35 < loss < 0.5 and loss != 0.4288516008961815  # seed 0's
+    assert a["printed"][0].startswith(f"loss {loss:.3f}, ")
+    # after one epoch the model says <eos> at once for "go .": d2l 0.17's bleu (k=2) divides by
+    # zero on that one-token translation and the book's prediction cell stops there
+    assert a["translations"] == {"go .": ""} and a["bleu"] == {"go .": None}
+    assert a["predict_error"] == "ZeroDivisionError: division by zero"
