@@ -215,8 +215,9 @@ def run_edition(args):
     try:
         import d2l
         from d2l import mxnet as d2l_module
-    except ImportError as e:
-        print(f"error: d2l {version} does not import here ({e})", file=sys.stderr)
+    except Exception as e:  # e.g. a module it needs is missing on this Python
+        print(f"error: d2l {version} does not import here ({type(e).__name__}: {e})",
+              file=sys.stderr)
         return 2
     if getattr(d2l, "__version__", None) != version:
         print(f"error: {library} holds d2l {d2l.__version__}, not {version}", file=sys.stderr)
