@@ -130,9 +130,10 @@ class DecoderStep(nn.HybridBlock):
     start), then `EncoderKV`'s keys and values (rows, T, hidden). Only the new position is
     projected; it goes in front of the self caches, which drop their last row, and the
     self-attention reads their first ``position + 1`` rows, so the shapes never change.
-    log_probs: (rows, V), the log-softmax of the logits. ``reorder=True`` (beam search): an
-    input `rows` (rows,) after `enc_valid_length`, the row of the given self caches each row
-    continues (its beam's parent), taken before the new position goes in. Holds no weights.
+    log_probs: (rows, V), the log-softmax of the logits (to float32 rounding).
+    ``reorder=True`` (beam search): an input `rows` (rows,) after `enc_valid_length`, the row
+    of the given self caches each row continues (its beam's parent), taken before the new
+    position goes in. Holds no weights.
     """
 
     def __init__(self, decoder, *, reorder=False, **kwargs):
@@ -157,4 +158,6 @@ class DecoderStep(nn.HybridBlock):
             X = decoder_block(F, blk, X, Xn, K, V, self_length, K_enc, V_enc, enc_valid_length)
             new_caches += [K, V]
         logits = F.npx.reshape(output_layer(dec, X), (-2, -3, -2))  # (rows, 1, V) -> (rows, V)
-        return (F.npx.log_softmax(logits), *new_caches)
+        # in float64: MXNet's float32 log_softmax is up to ~4e-6 off the exact value per token
+        log_probs = F.npx.log_softmax(logits.astype("float64")).astype("float32")
+        return (log_probs, *new_caches)
