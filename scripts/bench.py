@@ -30,11 +30,8 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     engine in a process of its own, one engine at a time, each translating all the sentences
     in one call per round, ``--repeats`` rounds (default 3), a row's value is its median over
     the rounds, start-up (loading, each engine's first batch) excluded. ``--model DIR``: (f),
-    (i) and (j) translate with that trained model directory instead (its own test split and
+    and (i) translate with that trained model directory instead (its own test split and
     tokenizer): sentences then end where the model ends them, as in use;
-(j) one greedy decoding step of the translator alone (its step graph, fused kernels), ms at
-    1, 8 and 64 rows, the model of (i): what a step costs whatever its size, and what its rows
-    add;
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
@@ -89,9 +86,6 @@ ROWS = [  # key, label
     ("ct2_ours_beam4", "(i) Translator, beam 4 sentences/s"),
     ("ct2_float32_beam4", "(i) CTranslate2 float32, beam 4 sentences/s"),
     ("ct2_int8_beam4", "(i) CTranslate2 int8, beam 4 sentences/s"),
-    ("step_rows1", "(j) one greedy decoding step, 1 row, ms"),
-    ("step_rows8", "(j) one greedy decoding step, 8 rows, ms"),
-    ("step_rows64", "(j) one greedy decoding step, 64 rows, ms"),
     ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
     ("train_full_imperative_mxnet", "(h) full preset train, imperative, MXNet's threads tok/s"),
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
@@ -112,14 +106,13 @@ RATIOS = [  # label, numerator, denominator
     ("(i) ratio greedy Translator/CTranslate2 int8", "ct2_ours_greedy", "ct2_int8_greedy"),
     ("(i) ratio beam 4 Translator/CTranslate2 float32", "ct2_ours_beam4", "ct2_float32_beam4"),
     ("(i) ratio beam 4 Translator/CTranslate2 int8", "ct2_ours_beam4", "ct2_int8_beam4"),
-    ("(j) step ratio 64 rows/1 row", "step_rows64", "step_rows1"),
     ("(h) full preset train ratio fast/imperative", "train_full_fast", "train_full_imperative"),
     ("(h) full preset train ratio fast/imperative, MXNet's threads", "train_full_fast",
      "train_full_imperative_mxnet"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
-          "full": "(h)", "ctranslate2": "(i)", "step": "(j)"}  # --only GROUP: the rows whose
+          "full": "(h)", "ctranslate2": "(i)"}  # --only GROUP: the rows whose
 # label starts with this
 DECODE_TOKENS = 50
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
@@ -462,59 +455,6 @@ def ct2_row(s, key, params_path, repeats, threads):
     engine = key.split("_")[1]
     return result["values"][engine], {**{k: v for k, v in result.items() if k != "values"},
                                       "peak_rss_mb": result["engine_peak_rss_mb"][engine]}
-
-
-def step_row(s, rows):
-    """(j) ms of one greedy decoding step of the translator (its hybridized key/value-cache
-    step graph, `_GreedyStep`, with the fused kernels) on `rows` sentences of the model of (i),
-    at position 5 of 30: the median of 7 runs of 100 steps, each run waited for at its end
-    (as the translator's pipelined loop keeps the device busy). One row is the step's fixed
-    cost (operators dispatched, whatever their size); what the rows add is their arithmetic."""
-    import mxnet as mx
-    from mxnet import np
-
-    from d2l_transformer import _graphs, kernels
-    from d2l_transformer.inference import translator as tr
-    from d2l_transformer.inference.text import translator_options
-    model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
-    sentences = sorted({tuple(t): list(t) for t in sentences}.values(), key=len)
-    translator = tr.Translator(model, src_vocab, tgt_vocab, mx.cpu(), max_length=30,
-                               **translator_options(cfg))
-    translator.translate(sentences[:64])  # builds and traces the graphs
-    step = tr._GRAPHS[model][("greedy step", "cpu")]
-    batch = sentences[len(sentences) // 2:][:rows]  # middling lengths
-    rows = len(batch)  # (--quick: the sentences there are)
-    threads = kernels.use_threads(rows * model.decoder.embedding_size * len(tgt_vocab))  # as
-    # translate does
-    times = []
-    with mx.cpu(), kernels.fused(mx.cpu()):
-        caches, valid_length, _, _ = translator._start(batch, 1)
-        tokens = np.full((rows, 1), translator.bos)
-        position = translator._positions(30)[5]
-        run = _graphs.bound(step)
-        run(tokens, position, valid_length, translator._bias, *caches)[0].wait_to_read()
-        for _ in range(7):
-            tic = time.perf_counter()
-            for _ in range(100):
-                run(tokens, position, valid_length, translator._bias, *caches)
-            mx.nd.waitall()
-            times.append((time.perf_counter() - tic) / 100 * 1e3)
-    extra = {"runs_ms": times, "rows": rows, "threads": threads}
-    if rows == 64:  # and the loop around the step: one greedy translation of all the sources
-        calls, bound = [], _graphs.bound  # the rows of each step after each batch's first
-
-        def counted(graph):
-            run = bound(graph)
-            return lambda *args: calls.append(args[0].shape[0]) or run(*args)
-        with mock.patch.object(_graphs, "bound", counted):
-            tic = time.perf_counter()
-            translator.translate(sentences)
-            seconds = time.perf_counter() - tic
-        steps = len(calls) + -(-len(sentences) // 64)  # + each batch's first step
-        extra["loop"] = {"sentences": len(sentences), "seconds": seconds, "steps": steps,
-                         "ms_per_step": seconds * 1e3 / steps,
-                         "mean_rows": sum(calls) / max(1, len(calls))}
-    return statistics.median(times), extra
 
 
 SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
@@ -861,8 +801,6 @@ def run_row(key, quick, params_path):
                        int(os.environ.get(THREADS_ENV, 2)))
     if key == "serving":
         return serving_row(quick)
-    if key.startswith("step_"):
-        return step_row(s, int(key[len("step_rows"):]))
     if key.startswith("greedy_"):
         mode = {"greedy_kv": "cache", "greedy_inputs": "state"}.get(key, "prefix")
         return greedy_row(s, params_path, mode, hybridize=key.endswith("_graph"))
