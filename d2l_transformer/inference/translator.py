@@ -1,33 +1,25 @@
-"""Translating with a trained model (the corrected model of d2l 9.3): beam search over the
+"""Translating with a trained model (the corrected model of d2l 9.3): one beam search over the
 key/value-cache step (`step.DecoderStep`), greedy decoding being its one-beam case, and the
 attention weights of a translation.
 
-**The source** (`Translator.encode_source`, the only encoding of a source anywhere): tokens ->
-ids (unknown words -> ``<unk>``; no ``<eos>`` is appended, the chapter's sources have none),
-each sentence padded with ``<pad>`` to max(`num_steps`, the batch's longest) and never
-truncated; its valid length is its number of tokens. The encoder masks the padding, so a
-sentence's translation does not depend on the other sentences of its batch (its tokens; its
-score to float rounding, since a matrix product's blocking depends on its number of rows).
+**The source** (`Translator.encode_source`, its only encoding): ids (no ``<eos>`` appended, as
+in the chapter) padded with ``<pad>`` to max(`num_steps`, the batch's longest), never cut; the
+encoder masks the padding, so a translation does not depend on its batch (its tokens; its
+score to float rounding).
 
-**The search** is the beam search of gluonnlp 0.10's ``BeamSearchSampler`` with GNMT's score
-(Wu et al. 2016; the Transformer paper, 6.1, uses beam 4 and alpha 0.6): a hypothesis Y scores
-``log P(Y | x) / lp(|Y|)``, ``lp = ((5 + |Y|) / 6) ** alpha``, |Y| counting ``<eos>``. At every
-step each live beam proposes its `beam_size` best next tokens, which compete with the finished
-beams for the sentence's `beam_size` places. Beams are batch rows of one step graph: the host
-reads the step's (rows, V) log-probabilities once per step and ranks them with NumPy; the
-self-attention caches follow their beams (``take`` by parent rows inside the next step); the
-encoder's keys and values (`step.EncoderKV`) are projected once per sentence. Greedy decoding
-is the search with one beam. A sentence emits at most `max_length` tokens (an unfinished
-hypothesis is scored without ``<eos>``). A sentence has finished when all its beams have, or
-once its n best have and no live beam can still beat them (`_settled`: the same n best
-hypotheses, sooner); a batch stops when all its sentences have finished, and once half of them
-have, these leave the batch, so that the remaining steps run on the live rows only.
+**The search** is gluonnlp 0.10's ``BeamSearchSampler`` with GNMT's score (Wu et al. 2016; the
+paper's 6.1 uses beam 4, alpha 0.6): ``log P(Y | x) / ((5 + |Y|) / 6) ** alpha``, |Y| counting
+``<eos>``. Each live beam proposes its `beam_size` best next tokens, which compete with the
+finished beams for the sentence's `beam_size` places. Beams are rows of the step; the host
+reads each step's (rows, V) log-probabilities and ranks them with NumPy. A sentence emits at
+most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``); it has
+finished when all its beams have, or once its n best have and no live beam can beat them
+(`_settled`); once half of a batch's sentences have finished, they leave the step's rows.
 
-**Special tokens** never appear in a translation: ``<pad>`` and ``<bos>`` (`limits.BANNED`;
-and ``<unk>`` with ``no_unk=True``, as CTranslate2's ``disable_unk``) get a score of -1e18
-added to their log-probability before the search picks its tokens (one (1, V) bias row; the
-picked tokens' log-probabilities are unchanged). An under-trained model emits them otherwise.
-``suppress=False`` masks nothing: the chapter's argmax over the whole vocabulary.
+**Special tokens**: ``<pad>`` and ``<bos>`` (`limits.BANNED`), and ``<unk>`` with ``no_unk``
+(CTranslate2's ``disable_unk``), get -1e18 added to their log-probability before the search
+picks (an under-trained model emits them otherwise); ``suppress=False`` masks nothing, the
+chapter's argmax.
 """
 
 import collections
@@ -143,20 +135,13 @@ _GRAPHS = weakref.WeakKeyDictionary()  # model -> {key: its graph}, built once
 class Translator:
     """Batched greedy and beam-search translation of token lists, and attention weights.
 
-    ``Translator(model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
-    batch_size=64, no_unk=False, suppress=True, pad_to_num_steps=True)``: `num_steps` is the
-    narrowest source encoding (the chapter pads to it; ``pad_to_num_steps=False``: each batch
-    is padded to its longest source only, as CTranslate2 does — the encoder masks the padding,
-    so the same tokens, the scores to float rounding, and less work when `num_steps` is far
-    above the sentences' lengths); `max_length` the most tokens a translation may have (None:
-    `limits.decode_limit` per sentence); `batch_size` sentences are decoded together;
-    ``<pad>`` and ``<bos>`` are never emitted, nor ``<unk>`` with `no_unk` (`suppress=False`:
-    nothing is masked, the chapter's argmax). The graphs (source side, decoding step,
-    attention pass) are built once per model and device type and hybridized alone (the
-    model's own blocks are left as they are). Corrected model only (`limits.require_corrected`):
-    an exact-chapter model decodes with the chapter's `decode.predict_s2s_ch8`. One call at a
-    time per model: the graphs are shared, and MXNet 1.9 does not run a cached graph from two
-    threads.
+    `num_steps`: the narrowest source encoding (``pad_to_num_steps=False``: each batch's
+    longest source, as CTranslate2 pads; the same tokens, less work); `max_length`: the most
+    tokens of a translation (None: `limits.decode_limit` per sentence); `batch_size` sentences
+    are decoded together. The graphs (source side, step, attention pass) are built once per
+    model and device type and hybridized alone (the model's blocks are left as they are).
+    Corrected model only (`limits.require_corrected`; the chapter's loop is
+    `decode.predict_s2s_ch8`). One call at a time per model: the graphs are shared.
     """
 
     def __init__(self, model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
@@ -249,9 +234,8 @@ class Translator:
         return graphs[key]
 
     def _initialized(self):
-        """Finish a deferred initialisation (weights whose shapes the first call decides) with
-        one imperative call on a dummy sentence, as training does; the graphs need the shapes.
-        Checked once per translator: initialised weights never lose their shapes."""
+        """Finish a deferred initialisation (the graphs need the weights' shapes) with one
+        imperative call on a dummy sentence, once per translator."""
         if self._shapes_known:
             return
         if any(p._data is None for p in self.model.collect_params().values()):
@@ -266,13 +250,10 @@ class Translator:
         return self._positions[t]
 
     def _search(self, sentences, k, alpha, early_stop, n):
-        """Beam search with `k` beams on one batch: each sentence's `n` best hypotheses.
-
-        Rows b * k ... b * k + k - 1 of the step are sentence b's beams; the host keeps the
-        books: per sentence the beams' scores, whether they live, and per step each beam's word
-        and parent beam (`_hypotheses` follows them back). A sentence that has finished leaves
-        the step's rows once half of those left have: its later steps are the identity (its
-        beams keep their places and scores, word -1)."""
+        """Beam search with `k` beams on one batch: each sentence's `n` best hypotheses. Rows
+        b * k ... b * k + k - 1 are sentence b's beams; the host keeps the books (scores, live
+        beams; per step each beam's word and parent). A sentence that has left the rows steps
+        as the identity (its beams keep their places and scores, word -1)."""
         self._initialized()
         model, ctx, B = self.model, self.ctx, len(sentences)
         encode = self._graph("encoder", lambda: _step.EncoderKV(model))
