@@ -12,11 +12,14 @@ import sys
 import pytest
 
 import d2l_transformer as d2t
+from d2l_transformer.book import BOOK_LOSS, BOOK_TRANSLATIONS, EDITIONS
+from d2l_transformer.evaluate import bleu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "chapter_oracle.py")
 RELEASES = {"0.17": "0.17.6", "1.0": "1.0.3"}
 SENTENCES = ["go .", "i lost .", "he's calm .", "i'm home ."]
+REFERENCES = ["va !", "j'ai perdu .", "il est calme .", "je suis chez moi ."]  # the cells' fras
 
 needs_data = pytest.mark.skipif(not os.path.exists(d2t.data.default_data_path()),
                                 reason="fra-eng.zip is not there")
@@ -58,6 +61,21 @@ def test_the_cells_read_as_the_book_prints_them():
     for cells in (c17, c10):
         assert all(f"'{s}'" in cells["PREDICT_CELL"] or f'"{s}"' in cells["PREDICT_CELL"]
                    or s.replace("'", "\\'") in cells["PREDICT_CELL"] for s in SENTENCES)
+
+
+def test_the_books_printed_bleu_is_d2ls_bleu_of_its_printed_translations():
+    """The editions' data hold together: d2l's BLEU (k=2) of each printed translation against
+    the cell's reference is the BLEU the book printed beside it, to its 3 decimals."""
+    for edition in ("0.17", "1.0"):
+        book = EDITIONS[edition]
+        assert list(book["translations"]) == SENTENCES
+        for sentence, reference in zip(SENTENCES, REFERENCES):
+            score = bleu(book["translations"][sentence], reference, k=2)
+            assert round(score, 3) == book["bleu"][sentence], (edition, sentence, score)
+    assert EDITIONS["0.17"]["loss"] == 0.031 and EDITIONS["1.0"]["val_loss"] == 2.938
+    # the 2019 chapter's entry is the table's own data, not a copy
+    assert EDITIONS["0.11"]["loss"] is BOOK_LOSS
+    assert EDITIONS["0.11"]["translations"] is BOOK_TRANSLATIONS
 
 
 def test_a_missing_release_is_one_line(tmp_path):
