@@ -13,13 +13,12 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
   attention weights of a translation (`MXNetEngine.attention`).
 * ``"ctranslate2"`` (`CTranslate2Engine`): OpenNMT's CTranslate2 over the model's float32 export,
   made on first use and kept beside the model directory (`export.kept_export`). Greedy decoding
-  gives the MXNet engine's tokens; beam search ranks its hypotheses by CTranslate2's length
-  penalty ``log P / |Y| ** alpha`` instead of GNMT's, and the scores it returns are converted to
-  GNMT's (docs/export.md).
+  gives the MXNet engine's tokens. Beam search is CTranslate2's (its beam keeps the best partial
+  hypotheses by log P, without length penalty); its `beam_size` finished hypotheses are then
+  ranked by GNMT's score, as the MXNet engine ranks its own (docs/export.md).
 """
 
 import json
-import math
 import os
 
 from ..config import TransformerConfig
@@ -142,22 +141,24 @@ class CTranslate2Engine:
         for limit, idx in groups.items():
             results = self.translator.translate_batch(
                 [sentences[i] for i in idx], max_batch_size=self.batch_size,
-                beam_size=beam_size, num_hypotheses=n_best or 1, length_penalty=alpha,
+                beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0,
                 return_scores=True, max_decoding_length=limit, min_decoding_length=0,
                 max_input_length=0, disable_unk=self.no_unk,
                 suppress_sequences=[[t] for t in BANNED])
             for i, result in zip(idx, results):
-                hyps = [Hypothesis(list(tokens), self._score(score, len(tokens), limit, alpha))
-                        for tokens, score in zip(result.hypotheses, result.scores)]
-                out[i] = hyps[0] if n_best is None else hyps
+                hyps = sorted((Hypothesis(list(tokens), self._score(log_p, len(tokens), limit,
+                                                                    alpha))
+                               for tokens, log_p in zip(result.hypotheses, result.scores)),
+                              key=lambda h: -h.score)  # GNMT's ranking (stable)
+                out[i] = hyps[0] if n_best is None else hyps[:n_best]
         return out
 
     @staticmethod
-    def _score(score, length, limit, alpha):
-        """CTranslate2's ``log P / |Y| ** alpha`` as GNMT's ``log P / ((5 + |Y|) / 6) ** alpha``
-        (|Y| counts ``<eos>``, which a translation cut at the limit does not have)."""
-        n = length if length >= limit else length + 1
-        return score * math.pow(n, alpha) / length_penalty(n, alpha)
+    def _score(log_p, length, limit, alpha):
+        """GNMT's ``log P / ((5 + |Y|) / 6) ** alpha`` of a hypothesis of `length` tokens and
+        log-probability `log_p` (|Y| counts ``<eos>``, which a translation cut at the limit
+        does not have)."""
+        return log_p / length_penalty(length if length >= limit else length + 1, alpha)
 
 
 def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH):
