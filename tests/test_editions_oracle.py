@@ -78,6 +78,65 @@ def test_the_books_printed_bleu_is_d2ls_bleu_of_its_printed_translations():
     assert EDITIONS["0.11"]["translations"] is BOOK_TRANSLATIONS
 
 
+# The 2019 chapter's bugs, measured on each edition's own code (docs/editions.md): run in a child
+# process with that edition's d2l first on sys.path. (a) per-head valid lengths: how much two
+# sequences' attention outputs move when only keys past their valid lengths (3, 2) change;
+# (b) positions at prediction: teacher-forced decoding one token per call, as the prediction loops
+# do, against one causal pass over the same 4 tokens, per step.
+EXPERIMENT = """
+import importlib, importlib.util, os, sys
+library, module, root = sys.argv[1:4]
+sys.path[:0] = [library, os.path.join(root, "oracles")]
+spec = importlib.util.spec_from_file_location("_aliases", os.path.join(root, "d2l_transformer", "_compat.py"))
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+import mxnet as mx
+from mxnet import autograd, np, npx
+book = importlib.import_module(module)
+npx.set_np()
+Attention = getattr(book, "MultiHeadAttention", None) or book.d2l.MultiHeadAttention
+mx.random.seed(0)
+att = Attention(8, 2, 0.0)
+att.initialize()
+q, kv, vl = np.random.normal(size=(2, 1, 8)), np.random.normal(size=(2, 4, 8)), np.array([3, 2])
+kv2 = kv.copy()
+kv2[0, 3:] += 10.0
+kv2[1, 2:] += 10.0
+heads = float(np.abs(att(q, kv, kv, vl) - att(q, kv2, kv2, vl)).max())
+enc = book.TransformerEncoder(20, 8, 16, 2, 2, 0.0)
+dec = book.TransformerDecoder(20, 8, 16, 2, 2, 0.0)
+enc.initialize()
+dec.initialize()
+src, src_vl, tgt = np.array([[3, 4, 5, 1, 1]]), np.array([3]), np.array([[2, 7, 8, 9]])
+enc_out = enc(src, src_vl)
+with autograd.train_mode():  # the causal mask of training; dropout is 0
+    full = dec(tgt, dec.init_state(enc_out, src_vl))[0]
+state = dec.init_state(enc_out, src_vl)
+steps = np.concatenate([dec(tgt[:, i:i + 1], state)[0] for i in range(4)], axis=1)
+print(heads, *[float(np.abs(steps[:, i] - full[:, i]).max()) for i in range(4)])
+"""
+
+
+@pytest.mark.parametrize("edition", ["0.11", "0.17", "1.0"])
+def test_which_of_the_2019_bugs_each_edition_keeps(edition):
+    if edition == "0.11":
+        import d2l  # the installed 0.11.4, the chapter's own
+
+        if d2l.__version__ != "0.11.4":
+            pytest.skip("the chapter's library d2l==0.11.4 is not installed")
+        library = os.path.dirname(os.path.dirname(d2l.__file__))
+    else:
+        library = _library(edition)
+    module = {"0.11": "chapter_0_11", "0.17": "chapter_0_17", "1.0": "chapter_1_0"}[edition]
+    r = subprocess.run([sys.executable, "-c", EXPERIMENT, library, module, ROOT],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    heads, *steps = map(float, r.stdout.split())
+    # (a) np.tile's per-head valid lengths (0.11 only): masked keys leak into the outputs
+    assert (heads > 0.01) if edition == "0.11" else (heads == 0.0)
+    # (b) every edition adds position 0 to each predicted token: step 0 agrees, later ones not
+    assert steps[0] < 1e-6 and min(steps[1:]) > 0.05, steps
+
+
 def test_a_missing_release_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, SCRIPT, "--edition", "1.0", "--library",
                         str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
