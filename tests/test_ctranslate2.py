@@ -36,7 +36,7 @@ from d2l_transformer.inference.export import ExportError, export
 from d2l_transformer.inference.export.ctranslate2 import EXTRA_LENGTH, decoding_options
 from d2l_transformer.inference.limits import SentenceError
 from d2l_transformer.inference.text import translate_texts
-from d2l_transformer.io import checkpoint
+from d2l_transformer.io import checkpoint, lock
 from d2l_transformer.io.manifest import check_manifest
 from d2l_transformer.training.run import train_model
 
@@ -376,6 +376,12 @@ def test_engine_refusals_are_one_line_and_touch_nothing(small_dir, small, tmp_pa
                       f"away to keep the CTranslate2 export of {good} there")
     assert os.listdir(theirs) == ["notes.txt"] and (theirs / "notes.txt").read_text() == "mine"
     assert not os.path.lexists(tmp_path / ".exact.ctranslate2")
+    busy = small_dir("busy", d2t.TINY)  # another process exporting it: refused, not waited for
+    with lock.locked(str(tmp_path / ".busy.ctranslate2"), "exported"):
+        with pytest.raises(ExportError, match=r"\.busy\.ctranslate2 is being exported by another "
+                                              "process"):
+            CTranslate2Engine(busy)
+    CTranslate2Engine(busy)  # and once it is done, exported
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # without the package
     assert cli.main(["translate", "--model", small[0], "--engine", "ctranslate2", "go ."]) == 2
     assert capsys.readouterr().err == ("error: --engine ctranslate2 needs the ctranslate2 package: "

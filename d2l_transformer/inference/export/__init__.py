@@ -19,7 +19,7 @@ SHA-256 of its ``manifest.json``, recorded in the export's manifest) and rebuilt
 
 import os
 
-from ...io import atomic
+from ...io import atomic, lock
 from ...io.manifest import MANIFEST, ManifestError, build_manifest, check_manifest, read_manifest
 from . import ctranslate2 as _ct2
 from . import mxnet as _mxnet
@@ -114,8 +114,8 @@ def kept_export(model_dir):
     """``(export directory, its manifest)``: the float32 CTranslate2 export of `model_dir`,
     exported now unless the one kept beside it (`kept_path`) was made from the directory's
     current version. ExportError (one line) for a model CTranslate2 cannot run, a missing
-    ``ctranslate2`` package, or a ``.NAME.ctranslate2`` that is not an export (never replaced)
-    or cannot be written."""
+    ``ctranslate2`` package, a ``.NAME.ctranslate2`` that is not an export (never replaced) or
+    cannot be written, or another process exporting it at that moment (`io.lock`)."""
     _ct2.import_ctranslate2("--engine ctranslate2")
     directory, cfg = read_config(model_dir, "--engine ctranslate2")  # one version
     _ct2.check(cfg, None)
@@ -125,8 +125,14 @@ def kept_export(model_dir):
     if kept:
         return kept
     try:
-        atomic.check_replaceable(path, is_export)
-        export(directory, path, format="ctranslate2")  # the version read above
+        with lock.locked(path, "exported"):  # one exporter at a time (another process: refused)
+            kept = _current(path, key)  # exported meanwhile by the lock's previous holder
+            if kept:
+                return kept
+            atomic.check_replaceable(path, is_export)
+            export(directory, path, format="ctranslate2")  # the version read above
+    except lock.Locked as e:
+        raise ExportError(str(e)) from None
     except atomic.NotReplaceable:
         raise ExportError(f"{path} is not an export written by d2l-transformer; move it away "
                           f"to keep the CTranslate2 export of {model_dir} there") from None
