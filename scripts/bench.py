@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Benchmark: the faithful vs the fast training path, cached vs uncached greedy decoding,
-batched greedy translation, measured side by side in ONE run on this machine.
+"""Benchmark: the faithful vs the fast training path, greedy decoding, batched greedy
+translation, measured side by side in ONE run on this machine.
 
 Rows (each measured in its own subprocess, so that its peak resident memory is its own):
 (a) training tokens/s at the chapter's hyperparameters: the chapter's own code (its classes on
@@ -11,17 +11,14 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     fast, fast without kernels, book, ...), because this machine's speed drifts by 2x within
     minutes: a row's value is its median over the rounds, and a training ratio is the median
     of the per-round ratios (rows measured within seconds of each other);
-(b) greedy decoding ms/sentence at 50 target tokens (no early stop): the translator's
-    key/value cache, the chapter's state (caches block inputs, re-projects them every step), and
-    no cache (the whole prefix recomputed every step; imperative, and as a hybridized graph);
-    the last two are tests/decoding_reference.py's;
+(b) greedy decoding ms/sentence at 50 target tokens (no early stop), one sentence at a time:
+    the translator's key/value cache;
 (c) batched greedy translation (the translator) sentences/s of training sentences at batch
     sizes 1, 64, 256;
 (e) scale-out: the fast path on 2 CPU contexts and on 2 dist_sync worker processes;
 (f) translation sentences/s of a `full` model (random weights, its 4,000-piece vocabularies, the
     2,000 sources of its test split, 30 tokens each, batches of 64, start-up excluded), greedy
-    and beam 4: the translator vs the former path (gluonnlp's BeamSearchSampler over the
-    chapter's state), the two alternating batch by batch in one process (the same load for both);
+    and beam 4, the translator;
 (i) CTranslate2: the model of (f) (random weights, the `full` preset's vocabularies) exported
     with `export --format ctranslate2` in float32 and int8, translating the distinct sources of
     the test split, batches of 64, at most `translate_length` tokens, greedy and beam 4
@@ -67,17 +64,12 @@ ROWS = [  # key, label
     ("train_fast", "(a) train fast tokens/s"),
     ("train_fast_nokernels", "(a) train fast, no fused kernels tokens/s"),
     ("greedy_kv", "(b) greedy ms/sentence, key/value cache"),
-    ("greedy_inputs", "(b) greedy ms/sentence, chapter state (inputs)"),
-    ("greedy_uncached", "(b) greedy ms/sentence, no cache"),
-    ("greedy_uncached_graph", "(b) greedy ms/sentence, no cache, hybridized"),
     ("batch_1", "(c) batched greedy sentences/s batch=1 "),
     ("batch_64", "(c) batched greedy sentences/s batch=64"),
     ("batch_256", "(c) batched greedy sentences/s batch=256"),
     ("train_2ctx", "(e) train fast, 2 contexts cpu:0,cpu:1 tokens/s"),
     ("train_dist2", "(e) train fast, 2 dist_sync workers tokens/s"),
-    ("translate_old_greedy", "(f) translate full-size, old beam_search, greedy sentences/s"),
     ("translate_greedy", "(f) translate full-size, Translator, greedy sentences/s"),
-    ("translate_old_beam4", "(f) translate full-size, old beam_search, beam 4 sentences/s"),
     ("translate_beam4", "(f) translate full-size, Translator, beam 4 sentences/s"),
     ("serving", "(g) serve, concurrent clients on loopback requests/s"),
     ("ct2_ours_greedy", "(i) Translator, greedy sentences/s"),
@@ -95,13 +87,9 @@ RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/the chapter's own code", "train_fast", "train_book"),
     ("(a) train ratio faithful/the chapter's own code", "train_faithful", "train_book"),
     ("(a) train ratio fast/fast without kernels", "train_fast", "train_fast_nokernels"),
-    ("(b) greedy ratio uncached/cached", "greedy_uncached", "greedy_kv"),
-    ("(b) greedy ratio chapter state/cached", "greedy_inputs", "greedy_kv"),
     ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
     ("(e) scale ratio 2 contexts/1 device", "train_2ctx", "train_fast"),
     ("(e) scale ratio 2 dist_sync workers/1 device", "train_dist2", "train_fast"),
-    ("(f) translate ratio greedy Translator/old", "translate_greedy", "translate_old_greedy"),
-    ("(f) translate ratio beam 4 Translator/old", "translate_beam4", "translate_old_beam4"),
     ("(i) ratio greedy Translator/CTranslate2 float32", "ct2_ours_greedy", "ct2_float32_greedy"),
     ("(i) ratio greedy Translator/CTranslate2 int8", "ct2_ours_greedy", "ct2_int8_greedy"),
     ("(i) ratio beam 4 Translator/CTranslate2 float32", "ct2_ours_beam4", "ct2_float32_beam4"),
@@ -192,37 +180,18 @@ def _trained_model(s, params_path):
     return model, src_vocab, tgt_vocab, sentences
 
 
-def _reference():
-    """tests/decoding_reference.py: the reference decoders (the chapter's state, gluonnlp's
-    beam search over it: the package's former translation path)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    import decoding_reference
-    return decoding_reference
-
-
-def greedy_row(s, params_path, mode, hybridize=False):
+def greedy_row(s, params_path):
     """(b) ms/sentence, one sentence at a time, always DECODE_TOKENS steps: the translator's
-    key/value cache (``mode="cache"``), or decoding through the chapter's state (``"state"``,
-    which re-projects every cached input) or of the whole prefix every step (``"prefix"``)."""
+    key/value cache."""
     import mxnet as mx
 
     from d2l_transformer.inference.translator import Translator
     model, src_vocab, tgt_vocab, sentences = _trained_model(s, params_path)
-    num_steps = s["cfg"].num_steps
-    if hybridize:
-        model.hybridize()
-    if mode == "cache":
-        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=num_steps,
-                                max_length=DECODE_TOKENS)
+    translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=s["cfg"].num_steps,
+                            max_length=DECODE_TOKENS)
 
-        def decode(tokens):
-            return translator.translate([tokens], early_stop=False)
-    else:
-        reference = _reference()
-
-        def decode(tokens):
-            return reference.greedy(model, tokens, src_vocab, tgt_vocab, num_steps, mx.cpu(),
-                                    mode, max_length=DECODE_TOKENS, until_eos=False)
+    def decode(tokens):
+        return translator.translate([tokens], early_stop=False)
     run = [sentences[i % len(sentences)].split() for i in range(s["n_greedy"] + 1)]
     decode(run[0])  # warm-up
     tic = time.time()
@@ -277,54 +246,29 @@ def _translation_setup(s):
     return model, src_vocab, tgt_vocab, cfg, [tokenizer.encode(t) for t in test.source]
 
 
-def translate_pair(s, beam):
-    """(f) sentences/s translating the test sources 64 at a time, at most
+def translate_row(s, key):
+    """(f) sentences/s of the Translator translating the test sources 64 at a time, at most
     `translate_length` tokens each (random weights: almost every sentence runs to that length),
-    greedy or beam 4: the Translator and the former path (gluonnlp's BeamSearchSampler over the
-    chapter's state, tests/decoding_reference.py) on the same batches, alternating batch by
-    batch so that both see this machine's load as it drifts. Start-up (data, model, each
-    path's first batch: graphs, memory plans) is excluded."""
+    greedy or beam 4. Start-up (data, model, the first batch: graphs, memory plans) is
+    excluded."""
     import mxnet as mx
 
     from d2l_transformer.inference.translator import Translator
-    reference = _reference()
+    beam = 4 if key.endswith("beam4") else 1
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     length, batch = s["translate_length"], 64
     translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
                             max_length=length, batch_size=batch)
-    paths = {
-        "old": lambda part: [tokens for tokens, _ in reference.beam_search(
-            model, part, src_vocab, tgt_vocab, cfg.num_steps, mx.cpu(), beam_size=beam,
-            max_length=length)],
-        "new": lambda part: [h.tokens for h in translator.translate(part, beam_size=beam)]}
-    seconds, tokens = {"old": 0.0, "new": 0.0}, {"old": [], "new": []}
-    for decode in paths.values():
-        decode(sentences[:batch])  # warm-up
+    translator.translate(sentences[:batch], beam_size=beam)  # warm-up
+    seconds, tokens = 0.0, []
     for i in range(0, len(sentences), batch):
-        for name, decode in paths.items():
-            tic = time.time()
-            tokens[name] += decode(sentences[i:i + batch])
-            seconds[name] += time.time() - tic
-    return {"old": len(sentences) / seconds["old"], "new": len(sentences) / seconds["new"],
-            "seconds": seconds, "sentences": len(sentences), "beam": beam, "max_length": length,
-            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
-            "same_translations": sum(a == b for a, b in zip(tokens["old"], tokens["new"])),
-            "vocab": [len(src_vocab), len(tgt_vocab)],
-            "peak_rss_mb": _peak_rss_mb()}  # of the process that ran both paths
-
-
-def translate_row(s, key, params_path):
-    """(f) one side of `translate_pair`, measured once for both rows (kept beside the params)."""
-    beam = 4 if key.endswith("beam4") else 1
-    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()),
-                        f"translate_beam{beam}.json")
-    if not os.path.exists(path):
-        with open(path, "w") as f:
-            json.dump(translate_pair(s, beam), f)
-    with open(path) as f:
-        pair = json.load(f)
-    value = pair["old" if "_old_" in key else "new"]
-    return value, {k: v for k, v in pair.items() if k not in ("old", "new")}
+        tic = time.time()
+        tokens += [h.tokens for h in translator.translate(sentences[i:i + batch], beam_size=beam)]
+        seconds += time.time() - tic
+    return len(sentences) / seconds, {
+        "seconds": seconds, "sentences": len(sentences), "beam": beam, "max_length": length,
+        "mean_tokens": statistics.mean(len(t) for t in tokens),
+        "vocab": [len(src_vocab), len(tgt_vocab)]}
 
 
 ENGINE_MARK = "@engine "  # (i): the prefix of an engine process's answers on its stdout
@@ -795,15 +739,14 @@ def run_row(key, quick, params_path):
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("translate_"):
-        return translate_row(s, key, params_path)
+        return translate_row(s, key)
     if key.startswith("ct2_"):
         return ct2_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)),
                        int(os.environ.get(THREADS_ENV, 2)))
     if key == "serving":
         return serving_row(quick)
-    if key.startswith("greedy_"):
-        mode = {"greedy_kv": "cache", "greedy_inputs": "state"}.get(key, "prefix")
-        return greedy_row(s, params_path, mode, hybridize=key.endswith("_graph"))
+    if key == "greedy_kv":
+        return greedy_row(s, params_path)
     return batch_row(s, params_path, int(key.split("_")[1]))
 
 
