@@ -29,6 +29,15 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     the rounds, start-up (loading, each engine's first batch) excluded. ``--model DIR``: (f),
     and (i) translate with that trained model directory instead (its own test split and
     tokenizer): sentences then end where the model ends them, as in use;
+(k) ``--engine ctranslate2``: the engine object ``d2l-transformer translate --engine ctranslate2``
+    uses (`inference.engines.open_engine`: the export kept beside a copy of the model directory,
+    CTranslate2's default threads) against CTranslate2's own ``translate_batch`` on that engine's
+    translator (the same export, threads and sentences: the distinct test sources of (f) or
+    ``--model``), all the sentences in one call each, batches of 64, greedy and beam 4, start-up
+    (export, loading, a first batch) excluded; ``--repeats`` interleaved rounds in one process,
+    medians, and the ratio engine/translate_batch. ``translate_batch`` runs with the README's
+    options (one length limit for all: the longest source's; one hypothesis, length_penalty 0);
+    the engine with its own (each sentence's limit, `beam` hypotheses ranked by GNMT's score);
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
@@ -78,6 +87,10 @@ ROWS = [  # key, label
     ("ct2_ours_beam4", "(i) Translator, beam 4 sentences/s"),
     ("ct2_float32_beam4", "(i) CTranslate2 float32, beam 4 sentences/s"),
     ("ct2_int8_beam4", "(i) CTranslate2 int8, beam 4 sentences/s"),
+    ("engine_ct2_greedy", "(k) translate --engine ctranslate2, greedy sentences/s"),
+    ("engine_raw_greedy", "(k) CTranslate2 translate_batch, greedy sentences/s"),
+    ("engine_ct2_beam4", "(k) translate --engine ctranslate2, beam 4 sentences/s"),
+    ("engine_raw_beam4", "(k) CTranslate2 translate_batch, beam 4 sentences/s"),
     ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
     ("train_full_imperative_mxnet", "(h) full preset train, imperative, MXNet's threads tok/s"),
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
@@ -94,13 +107,17 @@ RATIOS = [  # label, numerator, denominator
     ("(i) ratio greedy Translator/CTranslate2 int8", "ct2_ours_greedy", "ct2_int8_greedy"),
     ("(i) ratio beam 4 Translator/CTranslate2 float32", "ct2_ours_beam4", "ct2_float32_beam4"),
     ("(i) ratio beam 4 Translator/CTranslate2 int8", "ct2_ours_beam4", "ct2_int8_beam4"),
+    ("(k) ratio greedy --engine ctranslate2/translate_batch", "engine_ct2_greedy",
+     "engine_raw_greedy"),
+    ("(k) ratio beam 4 --engine ctranslate2/translate_batch", "engine_ct2_beam4",
+     "engine_raw_beam4"),
     ("(h) full preset train ratio fast/imperative", "train_full_fast", "train_full_imperative"),
     ("(h) full preset train ratio fast/imperative, MXNet's threads", "train_full_fast",
      "train_full_imperative_mxnet"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
-          "full": "(h)", "ctranslate2": "(i)"}  # --only GROUP: the rows whose
+          "full": "(h)", "ctranslate2": "(i)", "engine": "(k)"}  # --only GROUP: the rows whose
 # label starts with this
 DECODE_TOKENS = 50
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
@@ -399,6 +416,66 @@ def ct2_row(s, key, params_path, repeats, threads):
     engine = key.split("_")[1]
     return result["values"][engine], {**{k: v for k, v in result.items() if k != "values"},
                                       "peak_rss_mb": result["engine_peak_rss_mb"][engine]}
+
+
+def engine_rounds(s, beam, repeats):
+    """(k) sentences/s of the ctranslate2 engine (`inference.engines`) and of ``translate_batch``
+    on its own CTranslate2 translator, `repeats` interleaved rounds (which goes first
+    alternates), medians."""
+    import shutil
+
+    import mxnet as mx
+
+    from d2l_transformer.inference.engines import open_engine
+    from d2l_transformer.inference.limits import BANNED, decode_limit
+    from d2l_transformer.io import checkpoint
+    model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
+    sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")  # a copy: the export is kept beside it
+        if _translation_setup.model_dir:
+            shutil.copytree(os.path.realpath(_translation_setup.model_dir), model_dir)
+        else:
+            X = mx.np.ones((1, 2))  # (batch, seq_len): the deferred shapes, before saving
+            model(X, X, mx.np.array([2]))
+            checkpoint.save(model_dir, model, src_vocab, tgt_vocab, cfg,
+                            tokenizer=_translation_setup.tokenizer)
+        engine = open_engine(model_dir, "ctranslate2")  # the CLI's engine: exports here
+        limit = max(decode_limit(cfg.num_steps, len(t), engine.max_positions) for t in sentences)
+        options = {"beam_size": beam, "max_batch_size": 64, "max_decoding_length": limit,
+                   "min_decoding_length": 0, "max_input_length": 0, "length_penalty": 0,
+                   "disable_unk": engine.no_unk, "suppress_sequences": [[t] for t in BANNED]}
+        runs = {"ct2": lambda: [h.tokens for h in engine.translate(sentences, beam)],
+                "raw": lambda: [r.hypotheses[0] for r in
+                                engine.translator.translate_batch(sentences, **options)]}
+        for run in runs.values():
+            run()  # warm-up
+        rounds, tokens = [], {}
+        for r in range(repeats):
+            seconds = {}
+            for name in (("ct2", "raw") if r % 2 == 0 else ("raw", "ct2")):
+                tic = time.perf_counter()
+                tokens[name] = runs[name]()
+                seconds[name] = time.perf_counter() - tic
+            rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
+    return {"values": {k: statistics.median(r[k] for r in rounds) for k in runs},
+            "rounds": rounds, "sentences": len(sentences), "beam": beam,
+            "ratio_rounds": [r["ct2"] / r["raw"] for r in rounds],
+            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
+            "same_tokens": sum(a == b for a, b in zip(tokens["ct2"], tokens["raw"]))}
+
+
+def engine_row(s, key, params_path, repeats):
+    """(k) one of `engine_rounds`' two figures, measured once for both."""
+    beam = 4 if key.endswith("beam4") else 1
+    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()),
+                        f"engine_beam{beam}.json")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(engine_rounds(s, beam, repeats), f)
+    with open(path) as f:
+        result = json.load(f)
+    return result["values"][key.split("_")[1]], {k: v for k, v in result.items() if k != "values"}
 
 
 SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
@@ -740,6 +817,8 @@ def run_row(key, quick, params_path):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("translate_"):
         return translate_row(s, key)
+    if key.startswith("engine_"):
+        return engine_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)))
     if key.startswith("ct2_"):
         return ct2_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)),
                        int(os.environ.get(THREADS_ENV, 2)))
