@@ -32,6 +32,11 @@ $(VENV)/.installed: setup.py constraints.txt
 	# the d2l library the chapter called, as a test oracle only (no deps: it asks for all of
 	# jupyter; the cpu and test extras bring what it imports)
 	$(PIP) install --no-deps d2l==0.11.4
+	# the later editions' libraries (0.17.6: the classic edition; 1.0.3), each unpacked in a folder
+	# of its own: all three are named d2l, and scripts/chapter_oracle.py --edition puts one first
+	# on sys.path. Test oracles only: without them their tests are skipped with the reason
+	for v in 0.17.6 1.0.3; do $(PIP) install --no-deps --upgrade --target $(VENV)/oracles/d2l-$$v \
+	  d2l==$$v || echo "d2l $$v not unpacked: the tests of its edition will be skipped"; done
 	# the fast path's fused CPU kernels, compiled against this MXNet (optional: without a
 	# C++ compiler the fast path uses MXNet's operators, same numbers, slower)
 	$(BIN)/python -m d2l_transformer.kernels || echo "fused kernels not built (see above)"

@@ -7,7 +7,17 @@ both install the module `mxnet` and cannot sit side by side:
     pip install '.[cu112]'    # mxnet-cu112==1.9.1 + the CUDA 11 libraries it needs
 """
 
+import re
+
 from setuptools import find_packages, setup
+
+
+def read_version():
+    """``__version__`` of d2l_transformer/_version.py, read as text (importing the package
+    would import MXNet)."""
+    with open("d2l_transformer/_version.py", encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M).group(1)
+
 
 CUDA11 = [  # mxnet-cu112 links these but does not bundle them; d2l_transformer preloads them
     "nvidia-cuda-runtime-cu11",
@@ -23,7 +33,7 @@ CUDA11 = [  # mxnet-cu112 links these but does not bundle them; d2l_transformer 
 
 setup(
     name="d2l_transformer",
-    version="0.4.0",
+    version=read_version(),
     description="The Transformer of d2l 9.3 (MXNet/Gluon), reproduced, tested and extended",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
@@ -38,7 +48,6 @@ setup(
         "numpy>=1.16,<1.24; python_version < '3.12'",
         "numpy>=1.26,<2; python_version >= '3.12'",
         "setuptools; python_version >= '3.12'",
-        "gluonnlp==0.10.0",
         "matplotlib",
         "sacrebleu>=2",  # sacrebleu.metrics.BLEU / CHRF and their signatures
         "sentencepiece",  # the subword presets' tokenizer
@@ -47,8 +56,10 @@ setup(
     extras_require={
         "cpu": ["mxnet==1.9.1"],
         "cu112": ["mxnet-cu112==1.9.1"] + CUDA11,
-        # ipython<9 for the d2l oracle (IPython 9 lost set_matplotlib_formats)
-        "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium", "libretranslatepy"],
+        # ipython<9 for the d2l oracle (IPython 9 lost set_matplotlib_formats); gluonnlp for
+        # the reference beam search (tests/decoding_reference.py)
+        "test": ["pytest", "ruff", "pandas", "ipython<9", "httpx", "selenium", "libretranslatepy",
+                 "gluonnlp==0.10.0"],
         "serve": ["fastapi", "uvicorn"],  # d2l-transformer serve
         # export --format ctranslate2 (its spec API; 4.x: the TransformerSpec the export fills)
         "ctranslate2": ["ctranslate2>=4,<5; python_version >= '3.9'"],  # no wheel for 3.8

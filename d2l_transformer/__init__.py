@@ -5,6 +5,7 @@ The public names, in the chapter's order.
 
 # _compat first: NumPy's removed aliases, before anything imports mxnet
 from . import _compat, _cuda, _threads
+from ._version import __version__
 
 _threads.configure()  # OpenMP threads per workload: set before MXNet reads its settings
 
@@ -61,5 +62,3 @@ from .training import (  # noqa: E402
     set_seed,
     train_s2s_ch8,
 )
-
-__version__ = "0.4.0"

@@ -91,3 +91,44 @@ def agreements(runs):
     """`agreement` lines for every (chapter's code, exact run) pair among `runs`."""
     return [agreement(c, s) for title, c in runs if title == CHAPTER_CODE
             for t, s in runs if t != CHAPTER_CODE and s.get("exact_chapter")]
+
+
+# Each MXNet edition of the section and what its book printed, as data. BOOK_LOSS,
+# BOOK_TRANSLATIONS and the table above stay the 2019 chapter's. The book seeds nothing: every
+# printed number below is one unseeded build's ("random" names them; docs/editions.md lists what
+# other builds printed). Sentences are keyed as each edition prints them.
+EDITIONS = {
+    "0.11": {
+        "section": "9.3 Transformer", "d2l": "0.11.4",
+        "source": "d2l-ai/d2l-en chapter_attention-mechanisms/transformer.md (Nov 2019)",
+        "loss": BOOK_LOSS, "tokens_per_sec": None, "device": "gpu(0)",
+        "translations": BOOK_TRANSLATIONS, "bleu": None,
+        "random": ("loss", "translations"),
+    },
+    "0.17": {
+        "section": "10.7 Transformer", "d2l": "0.17.6",
+        "source": "d2l-ai/d2l-en chapter_attention-mechanisms/transformer.md at v0.17.6",
+        "printed_by": "d2l-ai/d2l-en-colab chapter_attention-mechanisms/transformer.ipynb at "
+                      "2a4d3790 (Version 0.17.5, the last 0.17 build there; same code as v0.17.6)",
+        "loss": 0.031, "tokens_per_sec": 2527.1, "device": "gpu(0)",
+        "translations": {"go .": "entrez !", "i lost .": "j'ai perdu .",
+                         "he's calm .": "il calme .", "i'm home .": "je suis chez moi ."},
+        "bleu": {"go .": 0.0, "i lost .": 1.0, "he's calm .": 0.603, "i'm home .": 1.0},
+        "random": ("loss", "tokens_per_sec", "translations", "bleu"),
+    },
+    "1.0": {
+        "section": "11.7 The Transformer Architecture", "d2l": "1.0.3",
+        "source": "d2l-ai/d2l-en chapter_attention-mechanisms-and-transformers/transformer.md "
+                  "at v1.0.3",
+        "printed_by": "d2l-ai/d2l-en-colab chapter_attention-mechanisms-and-transformers/"
+                      "transformer.ipynb at 9ac8e37d (Version 1.0.3)",
+        # no training line: the loss is a plot; its lines' last points, read from the SVG
+        # (train: the mean of epoch 30's last two batches, val: epoch 30)
+        "loss": 0.171, "val_loss": 2.938, "tokens_per_sec": None, "device": None,
+        "translations": {"go .": "va !", "i lost .": "j'ai perdu .",
+                         "he's calm .": "il est calme calme !",
+                         "i'm home .": "je suis chez moi je suis chez moi je"},
+        "bleu": {"go .": 1.0, "i lost .": 1.0, "he's calm .": 0.651, "i'm home .": 0.522},
+        "random": ("loss", "val_loss", "translations", "bleu"),
+    },
+}

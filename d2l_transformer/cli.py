@@ -1,38 +1,34 @@
 """``d2l-transformer train|translate|evaluate|export|compare|launch``: the package's console script.
 
-Only wiring: training from `training.run`, decoding from `inference.translator`, BLEU from
-`evaluate`, model
-directories from `checkpoint`, the book table from `book`.
-Errors the user can cause (bad option, missing model or data, bad input line) print one line
-``error: ...`` on stderr and exit non-zero; they never print a traceback. Anything else is a bug:
-its traceback is printed, then one line saying so, and the exit status is 3 (`guarded`).
+Only wiring: training from `training.run`, translating from `inference.engines`, BLEU from
+`evaluate`, model directories from `checkpoint`, the book table from `book`.
+Errors the user can cause print one line ``error: ...`` and exit non-zero; anything else is a
+bug and keeps its traceback (`_guard`).
 """
 
 import argparse
-import errno
 import logging
 import os
 import sys
-import traceback
 
+from ._guard import EXIT_BAD_INPUT, EXIT_BUG, EXIT_ERROR, guarded  # noqa: F401 (EXIT_BUG)
 from .book import agreements, compare_table, load_run
 from .config import PRESETS, load_overrides, parse_overrides, resume_overrides
 from .context import parse_ctx, parse_ctx_list
 from .data import DataError, TokenizerError
 from .distributed.kvstore import KVSTORES, create_kvstore
 from .distributed.launch import LAUNCHERS, LaunchError, launch
-from .evaluate import evaluate_model, format_report, format_score, score_files
+from .evaluate import evaluate_model, format_files_report, format_report, score_files
+from .inference.engines import DEFAULT_ENGINE, ENGINES, MXNetEngine, open_engine
 from .inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
 from .inference.export import FORMATS as EXPORT_FORMATS
+from .inference.export import ExportError
 from .inference.export.ctranslate2 import QUANTIZATIONS
-from .inference.limits import SentenceError, sentence_tokens
-from .inference.text import TranslationError, translate_tokens, translator_options
-from .inference.translator import ALPHA, BEAM_SIZE, Translator
-from .io import checkpoint
+from .inference.limits import ExactChapterError, SentenceError, require_corrected, sentence_tokens
+from .inference.translator import ALPHA, BEAM_SIZE
+from .io import atomic, checkpoint
 from .training import book_line
-from .training.run import RunError, TrainingStopped, train_model
-
-EXIT_BAD_INPUT, EXIT_ERROR, EXIT_BUG = 1, 2, 3
+from .training.run import RunError, train_model
 
 
 class UserError(Exception):
@@ -40,7 +36,7 @@ class UserError(Exception):
 
 
 USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # one line each
-               TokenizerError, TranslationError)
+               TokenizerError, ExactChapterError, ExportError)
 
 
 # ---------------------------------------------------------------------------------- translating
@@ -59,18 +55,18 @@ def _read_lines(args):
 
 def cmd_translate(args):
     ctx = _device(args.ctx)
-    model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(args.model, ctx)
-    if cfg.exact_chapter and (args.attention or args.attention_html):
-        raise UserError("attention maps need the corrected model; this one was trained with "
-                        "--exact-chapter")
-    tokenizer = checkpoint.load_tokenizer(args.model, cfg)
-    max_positions = model.encoder.pos_encoding.max_len
+    engine = open_engine(args.model, args.engine, ctx, no_unk=args.no_unk)
+    explainer = None  # the MXNet model: attention maps, whichever engine translates
+    if args.attention or args.attention_html:
+        explainer = engine if engine.name == "mxnet" else MXNetEngine.load(args.model, ctx)
+        require_corrected(explainer.cfg, "attention maps")
+    tokenizer, src_vocab = engine.tokenizer, engine.src_vocab
     lines = _read_lines(args)
     good, ok = [], []
     for label, text, problem in lines:
         if problem is None:  # the one rule of the library and the server (`inference.limits`)
             try:
-                tokens = sentence_tokens(text, tokenizer, src_vocab, max_positions)
+                tokens = sentence_tokens(text, tokenizer, src_vocab, engine.max_positions)
             except SentenceError as e:
                 problem = str(e)
         if problem:
@@ -78,35 +74,29 @@ def cmd_translate(args):
         else:
             good.append(tokens)
         ok.append(problem is None)
-    translations = iter(translate_tokens(model, good, src_vocab, tgt_vocab, cfg, ctx,
-                                         args.beam, args.alpha, no_unk=args.no_unk))
-    outputs = [next(translations) if line_ok else "" for line_ok in ok]  # target tokens
+    translations = iter(engine.translate(good, args.beam, args.alpha))
+    outputs = [list(next(translations).tokens) if line_ok else [] for line_ok in ok]
     for out in outputs:  # one output line per input line, empty when skipped
-        print(tokenizer.decode(out.split()))
+        print(tokenizer.decode(out))
     if args.attention and good:
         from .viz.png import plot_attention_maps
-        first = outputs[ok.index(True)].split()
-        for path in plot_attention_maps(model, good[0], first, src_vocab, tgt_vocab,
-                                        cfg.num_steps, ctx, args.attention):
+        m = explainer  # the first sentence's maps, of the engine's translation
+        for path in plot_attention_maps(m.model, good[0], outputs[ok.index(True)], m.src_vocab,
+                                        m.tgt_vocab, m.cfg.num_steps, ctx, args.attention):
             print(f"wrote {path}", file=sys.stderr)
-    if args.attention_html and good:  # the interactive explorer, data inlined
+    if args.attention_html and good:  # the interactive explorer (MXNet's), data inlined
         from .viz.attention_html import explorer_items, write_explorer
-        translator = Translator(model, src_vocab, tgt_vocab, ctx,
-                                **translator_options(cfg, args.no_unk))
         texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
         write_explorer(args.attention_html,
-                       explorer_items(translator, tokenizer, texts, args.beam, args.alpha))
+                       explorer_items(explainer, tokenizer, texts, args.beam, args.alpha))
         print(f"wrote {args.attention_html}", file=sys.stderr)
-    problems = ok.count(False)
-    return EXIT_BAD_INPUT if problems else 0
+    return EXIT_BAD_INPUT if False in ok else 0
 
 
 # ---------------------------------------------------------------------------------- evaluating
 def _write_json(path, data):
     import json
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+    atomic.write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def _evaluate_files(args):
@@ -119,9 +109,7 @@ def _evaluate_files(args):
         result = score_files(args.hyp, args.ref, args.lowercase)
     except ValueError as e:
         raise UserError(str(e)) from None
-    print(f"{format_score(result)}  ({result['sentences']} sentences)")
-    print(f"BLEU signature: {result['bleu_signature']}")
-    print(f"chrF signature: {result['chrf_signature']}")
+    print(format_files_report(result))
     if args.json:
         ref = args.ref[0] if len(args.ref) == 1 else args.ref
         _write_json(args.json, {"hyp": args.hyp, "ref": ref, **result})
@@ -133,10 +121,10 @@ def cmd_evaluate(args):
         return _evaluate_files(args)
     if not args.model:
         raise UserError("evaluate needs --model DIR, or --hyp FILE --ref FILE")
-    report = evaluate_model(args.model, ctx=_device(args.ctx), beam=args.beam, alpha=args.alpha,
-                            data_path=args.data, max_sentences=args.max_sentences,
-                            lowercase=args.lowercase, examples=args.examples,
-                            no_unk=args.no_unk)
+    report = evaluate_model(args.model, engine=args.engine, ctx=_device(args.ctx),
+                            beam=args.beam, alpha=args.alpha, data_path=args.data,
+                            max_sentences=args.max_sentences, lowercase=args.lowercase,
+                            examples=args.examples, no_unk=args.no_unk)
     print(format_report(report))
     if args.json:
         _write_json(args.json, report)
@@ -145,18 +133,10 @@ def cmd_evaluate(args):
 
 
 # ---------------------------------------------------------------------------------- training
-def _devices(spec):
-    """``--ctx`` as a list of contexts; a bad one is a user error."""
+def _device(spec, parse=parse_ctx):
+    """``--ctx`` as one context (`parse_ctx_list`: a list of them); a bad one is a user error."""
     try:
-        return parse_ctx_list(spec)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
-def _device(spec):
-    """``--ctx`` as one context; a bad one is a user error."""
-    try:
-        return parse_ctx(spec)
+        return parse(spec)
     except ValueError as e:
         raise UserError(str(e)) from None
 
@@ -193,23 +173,18 @@ def _train_config(args):
 
 
 def cmd_train(args):
-    ctxs = _devices(args.ctx)
+    ctxs = _device(args.ctx, parse_ctx_list)
     cfg = _train_config(args)
     try:
         kvstore = create_kvstore(args.kvstore)
     except ValueError as e:
         raise UserError(str(e)) from None
-    try:
-        summary = train_model(cfg, args.out, seed=args.seed, ctx=ctxs, kvstore=kvstore,
-                              fast=not args.imperative, resume=args.resume, data_path=args.data,
-                              checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                              preset=args.preset, stop_after=args.stop_after,
-                              valid_every=args.valid_every, patience=args.patience,
-                              average_last=args.average_last, overwrite=args.overwrite)
-    except TrainingStopped as e:
-        print(f"stopped after epoch {e.epoch} (--stop-after); continue with --resume",
-              file=sys.stderr)
-        return 0
+    summary = train_model(cfg, args.out, seed=args.seed, ctx=ctxs, kvstore=kvstore,
+                          fast=not args.imperative, resume=args.resume, data_path=args.data,
+                          checkpoint_every=args.checkpoint_every, progress=not args.quiet,
+                          preset=args.preset, valid_every=args.valid_every,
+                          patience=args.patience, average_last=args.average_last,
+                          overwrite=args.overwrite)
     if "translations" in summary:  # rank 0 of a finished run
         print(book_line(summary))
         for sentence, translation in summary["translations"].items():
@@ -233,19 +208,16 @@ def cmd_serve(args):
         hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()] \
             if args.allowed_hosts else None
         run(args.model, args.host, args.port, args.ctx, allowed_hosts=hosts,
-            api_key=args.api_key)
+            api_key=args.api_key, engine=args.engine)
     except ServeError as e:
         raise UserError(str(e)) from None
     return 0
 
 
 def cmd_export(args):
-    from .inference.export import ExportError, export
-    try:
-        manifest = export(args.model, args.out, _device(args.ctx), format=args.format,
-                          quantization=args.quantization)
-    except ExportError as e:
-        raise UserError(str(e)) from None
+    from .inference.export import export
+    manifest = export(args.model, args.out, _device(args.ctx), format=args.format,
+                      quantization=args.quantization)
     print(f"wrote {args.out}: " + ", ".join(sorted(manifest["files"])), file=sys.stderr)
     return 0
 
@@ -262,6 +234,13 @@ def cmd_compare(args):
 
 
 # ---------------------------------------------------------------------------------- wiring
+def _engine_option(parser):
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                        help="mxnet: the package's translator (default); ctranslate2: "
+                             "CTranslate2 on the CPU, over the model's export kept beside it "
+                             "(made on first use; attention maps still come from MXNet)")
+
+
 def get_parser():
     p = argparse.ArgumentParser(prog="d2l-transformer", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -276,13 +255,10 @@ def get_parser():
     t.add_argument("--kvstore", choices=KVSTORES, default="device",
                    help="device: the devices of --ctx in this process; dist_sync: several "
                         "processes started by `d2l-transformer launch`")
-    path = t.add_mutually_exclusive_group()
-    path.add_argument("--imperative", action="store_true",
-                      help="train with the chapter's imperative loop instead of the default "
-                           "hybridized graph path (same numbers to float rounding, slower); "
-                           "--exact-chapter always uses it")
-    path.add_argument("--fast", action="store_true",
-                      help="the hybridized graph path: the default, accepted for compatibility")
+    t.add_argument("--imperative", action="store_true",
+                   help="train with the chapter's imperative loop instead of the default "
+                        "hybridized graph path (same numbers to float rounding, slower); "
+                        "--exact-chapter always uses it")
     t.add_argument("--out", default="out/model", help="the model directory (checkpoints too)")
     t.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                    help="save the model directory every N epochs (and at the end)")
@@ -311,7 +287,6 @@ def get_parser():
     t.add_argument("--average-last", type=int, default=None, metavar="N",
                    help="also write OUT/average: the average of the last N epochs' parameters")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     t.set_defaults(func=cmd_train)
 
     for name, func, text in (("translate", cmd_translate, "translate English sentences"),
@@ -324,6 +299,7 @@ def get_parser():
                        help="beam size (1: greedy)")
         e.add_argument("--alpha", type=float, default=ALPHA, help="length penalty exponent")
         e.add_argument("--ctx", default="auto")
+        _engine_option(e)
         e.add_argument("--no-unk", action="store_true",
                        help="never emit <unk> (always so for subword models; word models "
                             "keep the chapter's default: <unk> may appear)")
@@ -368,6 +344,7 @@ def get_parser():
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--ctx", default="auto")
+    _engine_option(sv)
     sv.add_argument("--allowed-hosts", default=None, metavar="HOST[,HOST...]",
                     help="the Host headers to answer, any port ('*': any); default: localhost, "
                          "127.0.0.1 and [::1] for a loopback --host, any for 0.0.0.0, else "
@@ -404,7 +381,7 @@ def main(argv=None):
     if getattr(args, "beam", 1) < 1:
         print("error: --beam must be at least 1", file=sys.stderr)
         return EXIT_ERROR
-    return guarded(args.func, args)
+    return guarded(args.func, args, USER_ERRORS, _user_paths(args))
 
 
 def _user_paths(args):
@@ -413,52 +390,6 @@ def _user_paths(args):
                                               "hostfile", "json", "hyp", "ref")]
     paths += list(getattr(args, "runs", None) or [])
     return [os.path.abspath(p) for p in paths if isinstance(p, str) and p]
-
-
-def _about_user_files(error, args):
-    """True when an OSError concerns a path the command line names: the path, a file in it, a
-    directory on the way to it, or a save's sibling of it; or the disk being full."""
-    if error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        return True
-    names = [os.path.abspath(os.fsdecode(n)) for n in (error.filename, error.filename2)
-             if isinstance(n, (str, bytes))]
-    for path in _user_paths(args):
-        parent, base = os.path.split(path)
-        for name in names:
-            if name == path or name.startswith(path + os.sep) or \
-                    path.startswith(name.rstrip(os.sep) + os.sep) or \
-                    name.startswith(os.path.join(parent, f".{base}.")):
-                return True
-    return False
-
-
-def guarded(func, args):
-    """``func(args)`` with the command line's error policy: a user's error (bad option,
-    missing or damaged model or data, a file named on the command line that cannot be
-    read or written) prints one line ``error: ...`` and returns EXIT_ERROR; anything else is a
-    bug and keeps its traceback (printed, then one line saying so, EXIT_BUG)."""
-    try:
-        return func(args)
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except OSError as e:
-        if not _about_user_files(e, args):
-            return _bug(e)
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - reported with its traceback
-        return _bug(e)
-
-
-def _bug(error):
-    traceback.print_exc()
-    print(f"error: unexpected {type(error).__name__} (a bug in d2l-transformer: the traceback "
-          "is above)", file=sys.stderr)
-    return EXIT_BUG
 
 
 if __name__ == "__main__":

@@ -12,13 +12,11 @@ import collections
 import math
 import time
 
-import mxnet as mx
 from sacrebleu.metrics import BLEU, CHRF
 
 from .data import WordTokenizer, evaluation_sets
-from .inference.text import translate_texts
+from .inference.engines import DEFAULT_ENGINE, open_engine
 from .inference.translator import ALPHA, BEAM_SIZE
-from .io import checkpoint
 
 # d2l 1.0 (10.7.6) translates these with the trained seq2seq model and prints their BLEU
 BLEU_PAIRS = [("go .", "va !"), ("i lost .", "j'ai perdu ."), ("he's calm .", "il est calme ."),
@@ -133,6 +131,13 @@ def format_score(result):
     return f"BLEU {result['bleu']:5.2f}  chrF {result['chrf']:5.2f}"
 
 
+def format_files_report(result):
+    """What ``d2l-transformer evaluate --hyp FILE --ref FILE`` prints for `score_files`."""
+    return "\n".join([f"{format_score(result)}  ({result['sentences']} sentences)",
+                      f"BLEU signature: {result['bleu_signature']}",
+                      f"chrF signature: {result['chrf_signature']}"])
+
+
 def _read_lines(path, what):
     try:
         with open(path, encoding="utf-8", newline="") as f:
@@ -169,42 +174,51 @@ def score_files(hyp_path, ref_paths, lowercase=False):
 
 
 # ---------------------------------------------------------------------------------- a model
-def translate_and_score(model, sources, references, tokenizer, src_vocab, tgt_vocab, cfg, ctx,
-                        beam=1, alpha=ALPHA, *, lowercase=False, no_unk=False):
-    """Translate the texts `sources` and score them against `references` (`score`):
-    ``(result, translations)``; ``result["seconds"]`` is the time taken. The one pipeline of
-    `evaluate_model` and of the validation during training (`training.validation`)."""
+def translate_texts(engine, texts, beam=1, alpha=ALPHA):
+    """Translations (text) of sentences (text) by `engine` (`inference.engines`), between its
+    tokenizer's ``encode`` and ``decode``."""
+    tok = engine.tokenizer
+    hyps = engine.translate([tok.encode(t) for t in texts], beam, alpha)
+    return [tok.decode(list(h.tokens)) for h in hyps]
+
+
+def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, lowercase=False):
+    """Translate the texts `sources` with `engine` (`inference.engines`) and score them against
+    `references` (`score`): ``(result, translations)``; ``result["seconds"]`` is the time
+    taken. The one pipeline of `evaluate_model` and of the validation during training
+    (`training.validation`)."""
     tic = time.time()
-    hyps = translate_texts(model, sources, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam, alpha,
-                           no_unk=no_unk)
-    result = score([tokenizer.detokenize(h) for h in hyps], references, lowercase)
+    hyps = translate_texts(engine, sources, beam, alpha)
+    result = score([engine.tokenizer.detokenize(h) for h in hyps], references, lowercase)
     result["seconds"] = round(time.time() - tic, 1)
     return result, hyps
 
 
-def evaluate_model(model_dir, *, ctx=None, beam=BEAM_SIZE, alpha=ALPHA, data_path=None,
-                   max_sentences=1000, lowercase=False, examples=0, no_unk=False):
+def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE, alpha=ALPHA,
+                   data_path=None, max_sentences=1000, lowercase=False, examples=0, no_unk=False):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
-    `format_report`): the chapter's four sentences with d2l's `bleu`, then corpus BLEU and chrF
+    `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
+    `inference.engines`): the chapter's four sentences with d2l's `bleu`, then corpus BLEU and chrF
     (`score`, and `score_all_references`) of the first `max_sentences` pairs of each evaluation
     set (`data.evaluation_sets`: the preset's valid and test parts, or the chapter's training
     and held-out pairs), greedy and with a beam of `beam` (greedy only for an exact-chapter
     model). Returns the report (a JSON-able dict); ``examples``: keep the first N translations
-    of each set. Errors are one line (CheckpointError, DataError, TranslationError)."""
-    ctx = ctx or mx.cpu()
-    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir, ctx)
-    tok = checkpoint.load_tokenizer(model_dir, cfg)
+    of each set. Errors are one line (CheckpointError, DataError, TranslationError,
+    ExportError)."""
+    translator = open_engine(model_dir, engine, ctx, no_unk=no_unk)
+    cfg, tok = translator.cfg, translator.tokenizer
+    src_vocab, tgt_vocab = translator.src_vocab, translator.tgt_vocab
     lowercase = tok.lowercase or lowercase
     decoders = [("greedy", 1)] + ([] if cfg.exact_chapter else [(f"beam {beam}", beam)])
-    report = {"model": model_dir, "preset": summary.get("preset"), "tokenizer": tok.kind,
+    report = {"model": model_dir, "engine": translator.name,
+              "preset": translator.summary.get("preset"), "tokenizer": tok.kind,
               "lowercase": lowercase, "chapter_sentences": [], "sets": []}
     words = WordTokenizer()  # d2l's bleu compares d2l's lower-cased tokens
 
     def d2l_tokens(text):
         return " ".join(words.encode(text))
     for name, k in decoders:
-        outs = translate_texts(model, [e for e, _ in BLEU_PAIRS_TEXT], tok, src_vocab, tgt_vocab,
-                               cfg, ctx, k, alpha, no_unk=no_unk)
+        outs = translate_texts(translator, [e for e, _ in BLEU_PAIRS_TEXT], k, alpha)
         for (eng, fra), out in zip(BLEU_PAIRS_TEXT, outs):
             report["chapter_sentences"].append({
                 "source": eng, "reference": fra, "decoder": name, "translation": out,
@@ -218,8 +232,8 @@ def evaluate_model(model_dir, *, ctx=None, beam=BEAM_SIZE, alpha=ALPHA, data_pat
                  "sources_seen_in_training": overlap, "decoders": {}}
         report["sets"].append(entry)
         for decoder, k in decoders if src else ():
-            result, hyps = translate_and_score(model, src, refs, tok, src_vocab, tgt_vocab, cfg,
-                                               ctx, k, alpha, lowercase=lowercase, no_unk=no_unk)
+            result, hyps = translate_and_score(translator, src, refs, k, alpha,
+                                               lowercase=lowercase)
             outs = [tok.detokenize(h) for h in hyps]
             result["all_references"] = score_all_references(outs, src, pairs, lowercase)
             entry["decoders"][decoder] = result
@@ -239,8 +253,9 @@ def format_report(report):
         lines.append(f"  [{c['decoder']}] {shown} => {c['translation']}, bleu {c['d2l_bleu']:.3f}")
     if report.get("note"):
         lines.append(report["note"])
-    lines.append("corpus BLEU and chrF (sacreBLEU, detokenized output against the untokenized "
-                 "references" + (", case-insensitive" if report["lowercase"] else "") + "):")
+    lines.append(f"corpus BLEU and chrF (the {report['engine']} engine's translations; sacreBLEU, "
+                 "detokenized output against the untokenized references"
+                 + (", case-insensitive" if report["lowercase"] else "") + "):")
     signatures = {}
     for entry in report["sets"]:
         overlap = entry["sources_seen_in_training"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Benchmark: the faithful vs the fast training path, cached vs uncached greedy decoding,
-batched greedy translation, measured side by side in ONE run on this machine.
+"""Benchmark: the faithful vs the fast training path, greedy decoding, batched greedy
+translation, measured side by side in ONE run on this machine.
 
 Rows (each measured in its own subprocess, so that its peak resident memory is its own):
 (a) training tokens/s at the chapter's hyperparameters: the chapter's own code (its classes on
@@ -11,17 +11,14 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     fast, fast without kernels, book, ...), because this machine's speed drifts by 2x within
     minutes: a row's value is its median over the rounds, and a training ratio is the median
     of the per-round ratios (rows measured within seconds of each other);
-(b) greedy decoding ms/sentence at 50 target tokens (no early stop): the translator's
-    key/value cache, the chapter's state (caches block inputs, re-projects them every step), and
-    no cache (the whole prefix recomputed every step; imperative, and as a hybridized graph);
-    the last two are tests/decoding_reference.py's;
+(b) greedy decoding ms/sentence at 50 target tokens (no early stop), one sentence at a time:
+    the translator's key/value cache;
 (c) batched greedy translation (the translator) sentences/s of training sentences at batch
     sizes 1, 64, 256;
 (e) scale-out: the fast path on 2 CPU contexts and on 2 dist_sync worker processes;
 (f) translation sentences/s of a `full` model (random weights, its 4,000-piece vocabularies, the
     2,000 sources of its test split, 30 tokens each, batches of 64, start-up excluded), greedy
-    and beam 4: the translator vs the former path (gluonnlp's BeamSearchSampler over the
-    chapter's state), the two alternating batch by batch in one process (the same load for both);
+    and beam 4, the translator;
 (i) CTranslate2: the model of (f) (random weights, the `full` preset's vocabularies) exported
     with `export --format ctranslate2` in float32 and int8, translating the distinct sources of
     the test split, batches of 64, at most `translate_length` tokens, greedy and beam 4
@@ -30,11 +27,17 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     engine in a process of its own, one engine at a time, each translating all the sentences
     in one call per round, ``--repeats`` rounds (default 3), a row's value is its median over
     the rounds, start-up (loading, each engine's first batch) excluded. ``--model DIR``: (f),
-    (i) and (j) translate with that trained model directory instead (its own test split and
+    and (i) translate with that trained model directory instead (its own test split and
     tokenizer): sentences then end where the model ends them, as in use;
-(j) one greedy decoding step of the translator alone (its step graph, fused kernels), ms at
-    1, 8 and 64 rows, the model of (i): what a step costs whatever its size, and what its rows
-    add;
+(k) ``--engine ctranslate2``: the engine object ``d2l-transformer translate --engine ctranslate2``
+    uses (`inference.engines.open_engine`: the export kept beside a copy of the model directory,
+    CTranslate2's default threads) against CTranslate2's own ``translate_batch`` on that engine's
+    translator (the same export, threads and sentences: the distinct test sources of (f) or
+    ``--model``), all the sentences in one call each, batches of 64, greedy and beam 4, start-up
+    (export, loading, a first batch) excluded; ``--repeats`` interleaved rounds in one process,
+    medians, and the ratio engine/translate_batch. ``translate_batch`` runs with the README's
+    options (one length limit for all: the longest source's; one hypothesis, length_penalty 0);
+    the engine with its own (each sentence's limit, `beam` hypotheses ranked by GNMT's score);
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
@@ -70,17 +73,12 @@ ROWS = [  # key, label
     ("train_fast", "(a) train fast tokens/s"),
     ("train_fast_nokernels", "(a) train fast, no fused kernels tokens/s"),
     ("greedy_kv", "(b) greedy ms/sentence, key/value cache"),
-    ("greedy_inputs", "(b) greedy ms/sentence, chapter state (inputs)"),
-    ("greedy_uncached", "(b) greedy ms/sentence, no cache"),
-    ("greedy_uncached_graph", "(b) greedy ms/sentence, no cache, hybridized"),
     ("batch_1", "(c) batched greedy sentences/s batch=1 "),
     ("batch_64", "(c) batched greedy sentences/s batch=64"),
     ("batch_256", "(c) batched greedy sentences/s batch=256"),
     ("train_2ctx", "(e) train fast, 2 contexts cpu:0,cpu:1 tokens/s"),
     ("train_dist2", "(e) train fast, 2 dist_sync workers tokens/s"),
-    ("translate_old_greedy", "(f) translate full-size, old beam_search, greedy sentences/s"),
     ("translate_greedy", "(f) translate full-size, Translator, greedy sentences/s"),
-    ("translate_old_beam4", "(f) translate full-size, old beam_search, beam 4 sentences/s"),
     ("translate_beam4", "(f) translate full-size, Translator, beam 4 sentences/s"),
     ("serving", "(g) serve, concurrent clients on loopback requests/s"),
     ("ct2_ours_greedy", "(i) Translator, greedy sentences/s"),
@@ -89,9 +87,10 @@ ROWS = [  # key, label
     ("ct2_ours_beam4", "(i) Translator, beam 4 sentences/s"),
     ("ct2_float32_beam4", "(i) CTranslate2 float32, beam 4 sentences/s"),
     ("ct2_int8_beam4", "(i) CTranslate2 int8, beam 4 sentences/s"),
-    ("step_rows1", "(j) one greedy decoding step, 1 row, ms"),
-    ("step_rows8", "(j) one greedy decoding step, 8 rows, ms"),
-    ("step_rows64", "(j) one greedy decoding step, 64 rows, ms"),
+    ("engine_ct2_greedy", "(k) translate --engine ctranslate2, greedy sentences/s"),
+    ("engine_raw_greedy", "(k) CTranslate2 translate_batch, greedy sentences/s"),
+    ("engine_ct2_beam4", "(k) translate --engine ctranslate2, beam 4 sentences/s"),
+    ("engine_raw_beam4", "(k) CTranslate2 translate_batch, beam 4 sentences/s"),
     ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
     ("train_full_imperative_mxnet", "(h) full preset train, imperative, MXNet's threads tok/s"),
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
@@ -101,25 +100,24 @@ RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/the chapter's own code", "train_fast", "train_book"),
     ("(a) train ratio faithful/the chapter's own code", "train_faithful", "train_book"),
     ("(a) train ratio fast/fast without kernels", "train_fast", "train_fast_nokernels"),
-    ("(b) greedy ratio uncached/cached", "greedy_uncached", "greedy_kv"),
-    ("(b) greedy ratio chapter state/cached", "greedy_inputs", "greedy_kv"),
     ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
     ("(e) scale ratio 2 contexts/1 device", "train_2ctx", "train_fast"),
     ("(e) scale ratio 2 dist_sync workers/1 device", "train_dist2", "train_fast"),
-    ("(f) translate ratio greedy Translator/old", "translate_greedy", "translate_old_greedy"),
-    ("(f) translate ratio beam 4 Translator/old", "translate_beam4", "translate_old_beam4"),
     ("(i) ratio greedy Translator/CTranslate2 float32", "ct2_ours_greedy", "ct2_float32_greedy"),
     ("(i) ratio greedy Translator/CTranslate2 int8", "ct2_ours_greedy", "ct2_int8_greedy"),
     ("(i) ratio beam 4 Translator/CTranslate2 float32", "ct2_ours_beam4", "ct2_float32_beam4"),
     ("(i) ratio beam 4 Translator/CTranslate2 int8", "ct2_ours_beam4", "ct2_int8_beam4"),
-    ("(j) step ratio 64 rows/1 row", "step_rows64", "step_rows1"),
+    ("(k) ratio greedy --engine ctranslate2/translate_batch", "engine_ct2_greedy",
+     "engine_raw_greedy"),
+    ("(k) ratio beam 4 --engine ctranslate2/translate_batch", "engine_ct2_beam4",
+     "engine_raw_beam4"),
     ("(h) full preset train ratio fast/imperative", "train_full_fast", "train_full_imperative"),
     ("(h) full preset train ratio fast/imperative, MXNet's threads", "train_full_fast",
      "train_full_imperative_mxnet"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
-          "full": "(h)", "ctranslate2": "(i)", "step": "(j)"}  # --only GROUP: the rows whose
+          "full": "(h)", "ctranslate2": "(i)", "engine": "(k)"}  # --only GROUP: the rows whose
 # label starts with this
 DECODE_TOKENS = 50
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
@@ -199,37 +197,18 @@ def _trained_model(s, params_path):
     return model, src_vocab, tgt_vocab, sentences
 
 
-def _reference():
-    """tests/decoding_reference.py: the reference decoders (the chapter's state, gluonnlp's
-    beam search over it: the package's former translation path)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    import decoding_reference
-    return decoding_reference
-
-
-def greedy_row(s, params_path, mode, hybridize=False):
+def greedy_row(s, params_path):
     """(b) ms/sentence, one sentence at a time, always DECODE_TOKENS steps: the translator's
-    key/value cache (``mode="cache"``), or decoding through the chapter's state (``"state"``,
-    which re-projects every cached input) or of the whole prefix every step (``"prefix"``)."""
+    key/value cache."""
     import mxnet as mx
 
     from d2l_transformer.inference.translator import Translator
     model, src_vocab, tgt_vocab, sentences = _trained_model(s, params_path)
-    num_steps = s["cfg"].num_steps
-    if hybridize:
-        model.hybridize()
-    if mode == "cache":
-        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=num_steps,
-                                max_length=DECODE_TOKENS)
+    translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=s["cfg"].num_steps,
+                            max_length=DECODE_TOKENS)
 
-        def decode(tokens):
-            return translator.translate([tokens], early_stop=False)
-    else:
-        reference = _reference()
-
-        def decode(tokens):
-            return reference.greedy(model, tokens, src_vocab, tgt_vocab, num_steps, mx.cpu(),
-                                    mode, max_length=DECODE_TOKENS, until_eos=False)
+    def decode(tokens):
+        return translator.translate([tokens], early_stop=False)
     run = [sentences[i % len(sentences)].split() for i in range(s["n_greedy"] + 1)]
     decode(run[0])  # warm-up
     tic = time.time()
@@ -284,54 +263,29 @@ def _translation_setup(s):
     return model, src_vocab, tgt_vocab, cfg, [tokenizer.encode(t) for t in test.source]
 
 
-def translate_pair(s, beam):
-    """(f) sentences/s translating the test sources 64 at a time, at most
+def translate_row(s, key):
+    """(f) sentences/s of the Translator translating the test sources 64 at a time, at most
     `translate_length` tokens each (random weights: almost every sentence runs to that length),
-    greedy or beam 4: the Translator and the former path (gluonnlp's BeamSearchSampler over the
-    chapter's state, tests/decoding_reference.py) on the same batches, alternating batch by
-    batch so that both see this machine's load as it drifts. Start-up (data, model, each
-    path's first batch: graphs, memory plans) is excluded."""
+    greedy or beam 4. Start-up (data, model, the first batch: graphs, memory plans) is
+    excluded."""
     import mxnet as mx
 
     from d2l_transformer.inference.translator import Translator
-    reference = _reference()
+    beam = 4 if key.endswith("beam4") else 1
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     length, batch = s["translate_length"], 64
     translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), num_steps=cfg.num_steps,
                             max_length=length, batch_size=batch)
-    paths = {
-        "old": lambda part: [tokens for tokens, _ in reference.beam_search(
-            model, part, src_vocab, tgt_vocab, cfg.num_steps, mx.cpu(), beam_size=beam,
-            max_length=length)],
-        "new": lambda part: [h.tokens for h in translator.translate(part, beam_size=beam)]}
-    seconds, tokens = {"old": 0.0, "new": 0.0}, {"old": [], "new": []}
-    for decode in paths.values():
-        decode(sentences[:batch])  # warm-up
+    translator.translate(sentences[:batch], beam_size=beam)  # warm-up
+    seconds, tokens = 0.0, []
     for i in range(0, len(sentences), batch):
-        for name, decode in paths.items():
-            tic = time.time()
-            tokens[name] += decode(sentences[i:i + batch])
-            seconds[name] += time.time() - tic
-    return {"old": len(sentences) / seconds["old"], "new": len(sentences) / seconds["new"],
-            "seconds": seconds, "sentences": len(sentences), "beam": beam, "max_length": length,
-            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
-            "same_translations": sum(a == b for a, b in zip(tokens["old"], tokens["new"])),
-            "vocab": [len(src_vocab), len(tgt_vocab)],
-            "peak_rss_mb": _peak_rss_mb()}  # of the process that ran both paths
-
-
-def translate_row(s, key, params_path):
-    """(f) one side of `translate_pair`, measured once for both rows (kept beside the params)."""
-    beam = 4 if key.endswith("beam4") else 1
-    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()),
-                        f"translate_beam{beam}.json")
-    if not os.path.exists(path):
-        with open(path, "w") as f:
-            json.dump(translate_pair(s, beam), f)
-    with open(path) as f:
-        pair = json.load(f)
-    value = pair["old" if "_old_" in key else "new"]
-    return value, {k: v for k, v in pair.items() if k not in ("old", "new")}
+        tic = time.time()
+        tokens += [h.tokens for h in translator.translate(sentences[i:i + batch], beam_size=beam)]
+        seconds += time.time() - tic
+    return len(sentences) / seconds, {
+        "seconds": seconds, "sentences": len(sentences), "beam": beam, "max_length": length,
+        "mean_tokens": statistics.mean(len(t) for t in tokens),
+        "vocab": [len(src_vocab), len(tgt_vocab)]}
 
 
 ENGINE_MARK = "@engine "  # (i): the prefix of an engine process's answers on its stdout
@@ -464,57 +418,64 @@ def ct2_row(s, key, params_path, repeats, threads):
                                       "peak_rss_mb": result["engine_peak_rss_mb"][engine]}
 
 
-def step_row(s, rows):
-    """(j) ms of one greedy decoding step of the translator (its hybridized key/value-cache
-    step graph, `_GreedyStep`, with the fused kernels) on `rows` sentences of the model of (i),
-    at position 5 of 30: the median of 7 runs of 100 steps, each run waited for at its end
-    (as the translator's pipelined loop keeps the device busy). One row is the step's fixed
-    cost (operators dispatched, whatever their size); what the rows add is their arithmetic."""
+def engine_rounds(s, beam, repeats):
+    """(k) sentences/s of the ctranslate2 engine (`inference.engines`) and of ``translate_batch``
+    on its own CTranslate2 translator, `repeats` interleaved rounds (which goes first
+    alternates), medians."""
+    import shutil
+
     import mxnet as mx
-    from mxnet import np
 
-    from d2l_transformer import _graphs, kernels
-    from d2l_transformer.inference import translator as tr
-    from d2l_transformer.inference.text import translator_options
+    from d2l_transformer.inference.engines import open_engine
+    from d2l_transformer.inference.limits import BANNED, decode_limit
+    from d2l_transformer.io import checkpoint
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
-    sentences = sorted({tuple(t): list(t) for t in sentences}.values(), key=len)
-    translator = tr.Translator(model, src_vocab, tgt_vocab, mx.cpu(), max_length=30,
-                               **translator_options(cfg))
-    translator.translate(sentences[:64])  # builds and traces the graphs
-    step = tr._GRAPHS[model][("greedy step", "cpu")]
-    batch = sentences[len(sentences) // 2:][:rows]  # middling lengths
-    rows = len(batch)  # (--quick: the sentences there are)
-    threads = kernels.use_threads(rows * model.decoder.embedding_size * len(tgt_vocab))  # as
-    # translate does
-    times = []
-    with mx.cpu(), kernels.fused(mx.cpu()):
-        caches, valid_length, _, _ = translator._start(batch, 1)
-        tokens = np.full((rows, 1), translator.bos)
-        position = translator._positions(30)[5]
-        run = _graphs.bound(step)
-        run(tokens, position, valid_length, translator._bias, *caches)[0].wait_to_read()
-        for _ in range(7):
-            tic = time.perf_counter()
-            for _ in range(100):
-                run(tokens, position, valid_length, translator._bias, *caches)
-            mx.nd.waitall()
-            times.append((time.perf_counter() - tic) / 100 * 1e3)
-    extra = {"runs_ms": times, "rows": rows, "threads": threads}
-    if rows == 64:  # and the loop around the step: one greedy translation of all the sources
-        calls, bound = [], _graphs.bound  # the rows of each step after each batch's first
+    sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")  # a copy: the export is kept beside it
+        if _translation_setup.model_dir:
+            shutil.copytree(os.path.realpath(_translation_setup.model_dir), model_dir)
+        else:
+            X = mx.np.ones((1, 2))  # (batch, seq_len): the deferred shapes, before saving
+            model(X, X, mx.np.array([2]))
+            checkpoint.save(model_dir, model, src_vocab, tgt_vocab, cfg,
+                            tokenizer=_translation_setup.tokenizer)
+        engine = open_engine(model_dir, "ctranslate2")  # the CLI's engine: exports here
+        limit = max(decode_limit(cfg.num_steps, len(t), engine.max_positions) for t in sentences)
+        options = {"beam_size": beam, "max_batch_size": 64, "max_decoding_length": limit,
+                   "min_decoding_length": 0, "max_input_length": 0, "length_penalty": 0,
+                   "disable_unk": engine.no_unk, "suppress_sequences": [[t] for t in BANNED]}
+        runs = {"ct2": lambda: [h.tokens for h in engine.translate(sentences, beam)],
+                "raw": lambda: [r.hypotheses[0] for r in
+                                engine.translator.translate_batch(sentences, **options)]}
+        for run in runs.values():
+            run()  # warm-up
+        rounds, tokens = [], {}
+        for r in range(repeats):
+            seconds = {}
+            for name in (("ct2", "raw") if r % 2 == 0 else ("raw", "ct2")):
+                tic = time.perf_counter()
+                tokens[name] = runs[name]()
+                seconds[name] = time.perf_counter() - tic
+            rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
+    return {"values": {k: statistics.median(r[k] for r in rounds) for k in runs},
+            "rounds": rounds, "sentences": len(sentences), "beam": beam,
+            "ratio_rounds": [r["ct2"] / r["raw"] for r in rounds],
+            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
+            "same_tokens": sum(a == b for a, b in zip(tokens["ct2"], tokens["raw"]))}
 
-        def counted(graph):
-            run = bound(graph)
-            return lambda *args: calls.append(args[0].shape[0]) or run(*args)
-        with mock.patch.object(_graphs, "bound", counted):
-            tic = time.perf_counter()
-            translator.translate(sentences)
-            seconds = time.perf_counter() - tic
-        steps = len(calls) + -(-len(sentences) // 64)  # + each batch's first step
-        extra["loop"] = {"sentences": len(sentences), "seconds": seconds, "steps": steps,
-                         "ms_per_step": seconds * 1e3 / steps,
-                         "mean_rows": sum(calls) / max(1, len(calls))}
-    return statistics.median(times), extra
+
+def engine_row(s, key, params_path, repeats):
+    """(k) one of `engine_rounds`' two figures, measured once for both."""
+    beam = 4 if key.endswith("beam4") else 1
+    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()),
+                        f"engine_beam{beam}.json")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(engine_rounds(s, beam, repeats), f)
+    with open(path) as f:
+        result = json.load(f)
+    return result["values"][key.split("_")[1]], {k: v for k, v in result.items() if k != "values"}
 
 
 SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
@@ -773,7 +734,7 @@ def _own_peak_rss_mb():
 
 
 def book_row(s):
-    """(a) the chapter's own code: its classes as printed (tests/chapter_reference.py, on the
+    """(a) the chapter's own code: its classes as printed (oracles/chapter_0_11.py, on the
     `d2l` 0.11.4 oracle the chapter imported) trained by d2l's own ``train_s2s_ch9``, on the
     same data; epochs timed from when the loop starts reading each epoch's batches."""
     import contextlib
@@ -784,8 +745,8 @@ def book_row(s):
     except ImportError:  # the oracle is a test dependency (make venv installs it)
         return float("nan"), {"skipped": "d2l 0.11.4 is not installed"}
     import mxnet as mx
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    import chapter_reference as book
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracles"))
+    import chapter_0_11 as book
 
     import d2l_transformer as d2t
     cfg = s["cfg"]
@@ -855,17 +816,16 @@ def run_row(key, quick, params_path):
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("translate_"):
-        return translate_row(s, key, params_path)
+        return translate_row(s, key)
+    if key.startswith("engine_"):
+        return engine_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)))
     if key.startswith("ct2_"):
         return ct2_row(s, key, params_path, 1 if quick else int(os.environ.get(REPEATS_ENV, 3)),
                        int(os.environ.get(THREADS_ENV, 2)))
     if key == "serving":
         return serving_row(quick)
-    if key.startswith("step_"):
-        return step_row(s, int(key[len("step_rows"):]))
-    if key.startswith("greedy_"):
-        mode = {"greedy_kv": "cache", "greedy_inputs": "state"}.get(key, "prefix")
-        return greedy_row(s, params_path, mode, hybridize=key.endswith("_graph"))
+    if key == "greedy_kv":
+        return greedy_row(s, params_path)
     return batch_row(s, params_path, int(key.split("_")[1]))
 
 

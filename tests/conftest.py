@@ -1,6 +1,8 @@
-"""Shared helpers: seeds, the dataset, and copying weights between our blocks and the book's."""
+"""Shared helpers: seeds, the dataset, and copying weights between our blocks and the book's.
+The book's own code per edition lives in oracles/ (chapter_0_11.py ...), put on sys.path here."""
 
 import os
+import sys
 
 import d2l_transformer as d2t  # isort: skip  (first: its NumPy-alias shim must precede mxnet)
 import mxnet as mx
@@ -8,6 +10,9 @@ import numpy as onp
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+ORACLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "oracles")
+if ORACLES not in sys.path:
+    sys.path.insert(0, ORACLES)
 
 
 def trainable(block):

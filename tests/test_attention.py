@@ -1,6 +1,6 @@
 """9.3.1: masked softmax, dot-product attention, the head transposes, multi-head attention."""
 
-import chapter_reference as book
+import chapter_0_11 as book
 import d2l
 import numpy as onp
 import pytest

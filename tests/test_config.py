@@ -67,6 +67,28 @@ def test_with_overrides_checks_types_and_values():
         assert preset.check() is preset
 
 
+def test_full_presets_values():
+    """The one-hour recipe's sizes and schedule (docs/evaluation.md); the word preset differs only
+    in its tokenizer."""
+    assert d2t.FULL == d2t.TransformerConfig(
+        embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2, dropout=0.1,
+        batch_size=256, num_steps=30, lr=0.002, num_epochs=15, num_examples=None, min_freq=0,
+        label_smoothing=0.1, warmup_steps=400, num_valid=2000, num_test=2000, num_buckets=10,
+        tokenizer="subword", vocab_size=4000, loss_reduction="token", beta2=0.98,
+        epsilon=1e-9, clip_per_token=True)
+    assert d2t.PRESETS["full_word"] == d2t.FULL.replace(tokenizer="word", vocab_size=0,
+                                                        min_freq=10)
+    assert sorted(d2t.PRESETS) == ["chapter", "full", "full_gpu", "full_word", "full_word_gpu",
+                                   "tiny"]
+
+
+def test_config_of_a_former_preset_still_loads():
+    """A model directory's config.json holds the fields, not the preset's name: one trained
+    with the former ``full_v1`` preset (MXNet's Adam, the chapter's clip) still loads."""
+    former = d2t.FULL.replace(beta2=0.999, epsilon=1e-8, clip_per_token=False, num_epochs=3)
+    assert d2t.TransformerConfig.from_json(former.to_json()) == former
+
+
 def test_resume_may_change_the_schedule_not_the_model():
     saved = d2t.TINY
     assert resume_overrides(saved, {"lr": 0.001, "num_epochs": 9}).lr == 0.001

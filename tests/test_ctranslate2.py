@@ -12,6 +12,8 @@ here wrote) scores and translates as the package does.
 * what cannot be exported is refused in one line, and nothing that is not an export is replaced.
 """
 
+import hashlib
+import io
 import json
 import os
 import re
@@ -28,10 +30,13 @@ import d2l_transformer as d2t
 from d2l_transformer import cli
 from d2l_transformer.data import heldout_nmt
 from d2l_transformer.data.split import split_corpus
+from d2l_transformer.evaluate import evaluate_model
+from d2l_transformer.inference.engines import ENGINES, CTranslate2Engine, open_engine
 from d2l_transformer.inference.export import ExportError, export
 from d2l_transformer.inference.export.ctranslate2 import EXTRA_LENGTH, decoding_options
+from d2l_transformer.inference.limits import SentenceError
 from d2l_transformer.inference.text import translate_texts
-from d2l_transformer.io import checkpoint
+from d2l_transformer.io import checkpoint, lock
 from d2l_transformer.io.manifest import check_manifest
 from d2l_transformer.training.run import train_model
 
@@ -262,3 +267,148 @@ def test_refusals_are_one_line_and_touch_nothing(small_dir, tmp_path, capsys, mo
     assert cli.main(["export", "--model", good, "--out", out, "--format", "ctranslate2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install" in err[0]
+
+
+# ------------------------------------------------------------------ --engine ctranslate2
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A chapter-sized model trained 10 epochs (seconds), and 200 held-out sources."""
+    model_dir = str(tmp_path_factory.mktemp("engines") / "model")
+    train_model(d2t.CHAPTER.replace(num_epochs=10), model_dir, ctx=mx.cpu(), progress=False,
+                preset="chapter", log=io.StringIO())
+    src_vocab, tgt_vocab = (checkpoint.load(model_dir)[i] for i in (1, 2))
+    sentences = heldout_nmt(src_vocab, tgt_vocab, d2t.CHAPTER.num_examples, 200)["unfiltered"][0]
+    return model_dir, sentences
+
+
+def test_both_engines_give_the_same_greedy_tokens(small):
+    model_dir, sentences = small
+    ours, theirs = (open_engine(model_dir, name) for name in ENGINES)
+    assert (ours.name, theirs.name) == ("mxnet", "ctranslate2")
+    a, b = ours.translate(sentences), theirs.translate(sentences)
+    assert len({tuple(h.tokens) for h in a}) > 20  # a model that translates
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+    # the scores are GNMT's in both (CTranslate2's length penalty converted back), to
+    # float32 rounding (CTranslate2 computes them with its own kernels)
+    onp.testing.assert_allclose([h.score for h in b], [h.score for h in a], rtol=3e-3, atol=1e-4)
+    # beam 4: CTranslate2's search, its 4 hypotheses ranked by GNMT's score as ours are; the
+    # same best hypothesis almost always (the searches differ in when a sentence stops)
+    a, b = ours.translate(sentences, 4, n_best=2), theirs.translate(sentences, 4, n_best=2)
+    assert all(len(h) == 2 and h[0].score >= h[1].score for h in b)
+    same = [(x[0].score, y[0].score) for x, y in zip(a, b) if x[0].tokens == y[0].tokens]
+    assert len(same) >= 0.97 * 200
+    onp.testing.assert_allclose(*zip(*same), rtol=3e-3, atol=1e-4)
+    with pytest.raises(SentenceError, match="^sentence 1: empty sentence$"):
+        theirs.translate([["go", "."], []])
+
+
+def test_the_cli_and_evaluate_give_the_same_greedy_output_from_both_engines(small, capsys,
+                                                                            monkeypatch):
+    model_dir, sentences = small
+    texts = [" ".join(s) for s in sentences[:40]]
+    outputs = {}
+    for name in ENGINES:  # two lines have no known word: skipped (exit 1), an empty line out
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\n".join(texts).encode())))
+        assert cli.main(["translate", "--model", model_dir, "--engine", name]) == 1
+        outputs[name] = capsys.readouterr()
+    assert outputs["mxnet"].err == outputs["ctranslate2"].err and outputs["mxnet"].err.count("\n") == 2
+    lines = outputs["mxnet"].out.splitlines()
+    assert len(lines) == 40 and outputs["ctranslate2"].out.splitlines() == lines
+    reports = {name: evaluate_model(model_dir, engine=name, beam=4, max_sentences=100)
+               for name in ENGINES}
+    greedy = [[s["decoders"]["greedy"]["bleu"] for s in r["sets"]] for r in reports.values()]
+    assert greedy[0] == greedy[1] and reports["ctranslate2"]["engine"] == "ctranslate2"
+    assert all(0 < b for b in greedy[0])
+    beam = [s["decoders"]["beam 4"]["bleu"] for s in reports["ctranslate2"]["sets"]]
+    assert all(0 < b for b in beam)
+
+
+def _version(path):
+    return os.path.realpath(path)
+
+
+def test_the_export_is_made_once_kept_beside_the_model_and_rebuilt_when_it_changes(small,
+                                                                                   tmp_path):
+    import shutil
+
+    model_dir = str(tmp_path / "model")
+    shutil.copytree(small[0], model_dir, symlinks=False)  # a plain directory: saved anew below
+    kept = tmp_path / ".model.ctranslate2"
+    first = CTranslate2Engine(model_dir)
+    manifest = check_manifest(str(kept))
+    key = hashlib.sha256((tmp_path / "model" / "manifest.json").read_bytes()).hexdigest()
+    assert manifest["model_manifest_sha256"] == key and manifest["quantization"] == "float32"
+    assert first.directory == _version(kept)
+    assert CTranslate2Engine(model_dir).directory == first.directory  # reused, not exported
+    # the model directory saved again (other weights): the next use exports it again
+    model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir)
+    for p in model.collect_params().values():
+        if p.grad_req != "null":
+            p.set_data(p.data() * 0.5)
+    checkpoint.save(model_dir, model, src_vocab, tgt_vocab, cfg, summary)
+    again = CTranslate2Engine(model_dir)
+    assert again.directory != first.directory
+    assert check_manifest(str(kept))["model_manifest_sha256"] != key
+    ours = open_engine(model_dir, "mxnet").translate(small[1][:50])
+    assert [h.tokens for h in again.translate(small[1][:50])] == [h.tokens for h in ours]
+    # an int8 export there (ours, but not the float32 the engine reads) is replaced
+    export(model_dir, str(kept), format="ctranslate2", quantization="int8")
+    assert check_manifest(CTranslate2Engine(model_dir).directory)["quantization"] == "float32"
+
+
+def test_engine_refusals_are_one_line_and_touch_nothing(small_dir, small, tmp_path, capsys,
+                                                        monkeypatch):
+    exact = small_dir("exact", d2t.TINY.replace(exact_chapter=True))
+    good = small_dir("good", d2t.TINY)
+    theirs = tmp_path / ".good.ctranslate2"  # not ours: never replaced
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    for argv in (["translate", "--model", exact, "--engine", "ctranslate2", "go ."],
+                 ["evaluate", "--model", exact, "--engine", "ctranslate2"],
+                 ["translate", "--model", good, "--engine", "ctranslate2", "go ."]):
+        assert cli.main(argv) == 2, argv
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and all(e.startswith("error: ") for e in err), err
+    assert err[0] == (f"error: {exact}: --engine ctranslate2 needs the corrected model; this one "
+                      "was trained with --exact-chapter (the book's bugs)") and err[1] == err[0]
+    assert err[2] == (f"error: {theirs} is not an export written by d2l-transformer; move it "
+                      f"away to keep the CTranslate2 export of {good} there")
+    assert os.listdir(theirs) == ["notes.txt"] and (theirs / "notes.txt").read_text() == "mine"
+    assert not os.path.lexists(tmp_path / ".exact.ctranslate2")
+    busy = small_dir("busy", d2t.TINY)  # another process exporting it: refused, not waited for
+    with lock.locked(str(tmp_path / ".busy.ctranslate2"), "exported"):
+        with pytest.raises(ExportError, match=r"\.busy\.ctranslate2 is being exported by another "
+                                              "process"):
+            CTranslate2Engine(busy)
+    CTranslate2Engine(busy)  # and once it is done, exported
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # without the package
+    assert cli.main(["translate", "--model", small[0], "--engine", "ctranslate2", "go ."]) == 2
+    assert capsys.readouterr().err == ("error: --engine ctranslate2 needs the ctranslate2 package: "
+                                       "pip install 'd2l_transformer[ctranslate2]'\n")
+
+
+def test_the_server_translates_with_ctranslate2_and_explains_with_mxnet(small):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient
+
+    from d2l_transformer.serve.app import create_app
+    from d2l_transformer.serve.engine import Engine
+
+    model_dir, sentences = small
+    mxnet = open_engine(model_dir, "mxnet")
+    texts = [" ".join(s) for s in sentences if any(mxnet.src_vocab[w] for w in s)][:20]
+    sentences = [mxnet.tokenizer.encode(t) for t in texts]
+    engine = Engine(model_dir, "cpu", engine="ctranslate2")
+    try:
+        with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
+            assert client.get("/health").json()["model"]["engine"] == "ctranslate2"
+            r = client.post("/translate", json={"text": texts, "beam": 1, "attention": True})
+            assert r.status_code == 200
+            items = r.json()["translations"]
+        expected = mxnet.translate(sentences)
+        assert [t["translation"] for t in items] == [" ".join(h.tokens) for h in expected]
+        for item, s, h in zip(items, sentences, expected):
+            assert item["attention"] == mxnet.attention(s, h.tokens)
+    finally:
+        engine.close()

@@ -98,6 +98,13 @@ def test_preprocess_fast_equals_preprocess_nmt_on_all_of_fra_txt(text):
     assert d2t.data.preprocess_fast(",a.b!\u202f!") == d2t.preprocess_nmt(",a.b!\u202f!") == ",a .b ! !"
 
 
+def test_fra_pairs_keep_the_lines_with_one_tab():
+    text = "Go.\tVa\u202f!\nno tab here\na\tb\tc\nHi.\tSalut !\n"
+    assert list(d2t.data.fra_pairs(text)) == [("Go.", "Va\u202f!"), ("Hi.", "Salut !")]
+    assert list(d2t.data.fra_pairs(text, 1, 4)) == [("Hi.", "Salut !")]
+    assert d2t.data.plain_spaces("Va\u202f!\xa0") == "Va ! "
+
+
 def _pairs(n, seed=0, short=False):
     """`n` id sentences (source, target with <bos>=2 ... <eos>=3), lengths 1..12 (2: short)."""
     rng = onp.random.RandomState(seed)

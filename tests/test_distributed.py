@@ -238,7 +238,7 @@ def test_cli_dist_sync_only_rank_0_writes(tmp_path):
     model_dir = tmp_path / "model"
     cmd = [sys.executable, "-m", "d2l_transformer.cli", "launch", "-n", "2", "--timeout", "300",
            "--", sys.executable, "-m", "d2l_transformer.cli", "train", "--kvstore", "dist_sync",
-           "--epochs", "2", "--fast", "--quiet", "--out", str(model_dir)]
+           "--epochs", "2", "--quiet", "--out", str(model_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()

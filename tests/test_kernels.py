@@ -2,7 +2,6 @@
 MXNet's operators / the chapter's ops compute, forward and backward, and are used exactly where
 they should be (graphs traced under `kernels.fused` on a CPU)."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -17,7 +16,9 @@ from mxnet.gluon import nn
 
 from d2l_transformer import kernels
 from d2l_transformer.attention import MultiHeadAttention
-from d2l_transformer.layers import AddNorm, LayerNorm
+from d2l_transformer.layers import AddNorm
+from d2l_transformer.model import causal_valid_length
+from d2l_transformer.training.fused import fuse
 
 COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")  # as kernels.build
 
@@ -35,15 +36,19 @@ needs_kernels = pytest.mark.usefixtures("loaded")
 
 
 class Norm(nn.HybridBlock):
-    """LayerNorm(X + Y) with our block, or MXNet's own op on the sum (the reference)."""
+    """MXNet's own LayerNorm of X + Y: the reference for the fused AddNorm."""
 
-    def __init__(self, ours):
+    def __init__(self):
         super().__init__()
-        self.ours = ours
-        self.norm = LayerNorm() if ours else nn.LayerNorm()
+        self.norm = nn.LayerNorm()
 
     def hybrid_forward(self, F, X, Y):
-        return self.norm(X, Y) if self.ours else self.norm(X + Y)
+        return self.norm(X + Y)
+
+
+def _fused_addnorm(dropout=0.0):
+    """The chapter's AddNorm with the fast path's kernel put in place (`fuse`)."""
+    return fuse(AddNorm(dropout))
 
 
 def _run(block, X, Y, dout, fused):
@@ -73,8 +78,8 @@ def _inputs(shape=(64, 10, 32)):
 @needs_kernels
 def test_fused_add_layer_norm_equals_mxnet_forward_and_backward():
     X, Y, dout = _inputs()
-    ref, ref_graph = _run(Norm(False), X, Y, dout, fused=True)
-    ours, graph = _run(Norm(True), X, Y, dout, fused=True)
+    ref, ref_graph = _run(Norm(), X, Y, dout, fused=True)
+    ours, graph = _run(_fused_addnorm(), X, Y, dout, fused=True)
     assert "d2t_add_layer_norm" in graph and "LayerNorm" not in graph.replace("d2t_add_layer", "")
     assert "d2t_" not in ref_graph  # nn.LayerNorm itself never switches
     for name, a, b in zip(["out", "dX", "dY", "dgamma", "dbeta"], ref, ours):
@@ -84,36 +89,16 @@ def test_fused_add_layer_norm_equals_mxnet_forward_and_backward():
 
 
 @needs_kernels
-def test_plain_layer_norm_kernel_and_odd_width():
-    """One input (pre-norm's use), a width that is not a multiple of 8, rows of one position."""
-    block = LayerNorm()
-    block.initialize(ctx=mx.cpu())
-    rng = onp.random.RandomState(2)
-    X = np.array(rng.normal(size=(7, 1, 13)) * 5, dtype="float32")
-    ref = nn.LayerNorm()
-    ref.initialize(ctx=mx.cpu())
-    expected = ref(X)
-    block.hybridize(static_alloc=True, static_shape=True)
-    with kernels.fused(mx.cpu()):
-        got = block(X)
-    assert "d2t_layer_norm" in block._cached_graph[1].tojson()
-    onp.testing.assert_allclose(got.asnumpy(), expected.asnumpy(), atol=2e-6)
-    # by hand: each row has mean 0 and variance 1 (gamma 1, beta 0)
-    onp.testing.assert_allclose(got.asnumpy().mean(-1), 0, atol=1e-6)
-    onp.testing.assert_allclose(got.asnumpy().var(-1), 1, atol=1e-4)
-
-
-@needs_kernels
 def test_not_fused_outside_the_scope_on_gpu_and_imperative():
     X, Y, dout = _inputs((4, 3, 32))
-    _, graph = _run(Norm(True), X, Y, dout, fused=False)  # a GPU context: MXNet's op
+    _, graph = _run(_fused_addnorm(), X, Y, dout, fused=False)  # a GPU context: MXNet's op
     assert "d2t_" not in graph and "LayerNorm" in graph
     with kernels.fused(mx.gpu(0)):
         assert not kernels.active()
     with kernels.fused([mx.cpu(0), mx.cpu(1)]):
         assert kernels.active()
     assert not kernels.active()
-    addnorm = AddNorm(0.0)
+    addnorm = _fused_addnorm()
     addnorm.initialize(ctx=mx.cpu())
     with kernels.fused(mx.cpu()):  # imperative calls never use the kernels
         out = addnorm(X, Y)
@@ -124,7 +109,7 @@ def test_not_fused_outside_the_scope_on_gpu_and_imperative():
 
 @needs_kernels
 def test_shape_mismatch_is_an_error():
-    block = Norm(True)
+    block = _fused_addnorm()
     block.initialize(ctx=mx.cpu())
     block.hybridize()
     with kernels.fused(mx.cpu()), pytest.raises((mx.MXNetError, ValueError), match="same shape"):
@@ -144,9 +129,10 @@ def test_disabled_or_unbuildable_falls_back_with_one_line(tmp_path):
     # no working compiler: one warning line, then a fused-scope graph holds MXNet's LayerNorm
     # and gives nn.LayerNorm's numbers
     code += ("\nimport mxnet as mx\nfrom mxnet import np\nfrom mxnet.gluon import nn\n"
-             "from d2l_transformer.layers import LayerNorm\n"
+             "from d2l_transformer.layers import AddNorm\n"
+             "from d2l_transformer.training.fused import fuse\n"
              "X = np.arange(24, dtype='float32').reshape(2, 3, 4) ** 1.5\n"
-             "ours, ref = LayerNorm(), nn.LayerNorm()\nours.initialize(); ref.initialize()\n"
+             "ours, ref = fuse(AddNorm(0.0)), nn.LayerNorm()\nours.initialize(); ref.initialize()\n"
              "ours.hybridize()\nwith kernels.fused(mx.cpu()):\n    got = ours(X, X)\n"
              "graph = ours._cached_graph[1].tojson()\n"
              "print('mxnet op', 'LayerNorm' in graph and 'd2t_' not in graph)\n"
@@ -159,11 +145,12 @@ def test_disabled_or_unbuildable_falls_back_with_one_line(tmp_path):
     assert not list(tmp_path.glob("*.so"))  # no half-written library left behind
 
 
-def _attention_run(query, key, valid_length, causal, fused, dout):
+def _attention_run(query, key, valid_length, fused, dout):
     """MultiHeadAttention(hidden 32, 4 heads) with fixed weights: imperative (the chapter's
-    ops) or hybridized inside `kernels.fused`; output and gradients of inputs and weights."""
+    ops) or with the kernel put in place and hybridized inside `kernels.fused`; output and
+    gradients of inputs and weights."""
     mx.random.seed(0)
-    attention = MultiHeadAttention(32, 4, 0.0, causal=causal)
+    attention = fuse(MultiHeadAttention(32, 4, 0.0)) if fused else MultiHeadAttention(32, 4, 0.0)
     attention.initialize(mx.init.Xavier(), ctx=mx.cpu())
     attention(query, key, key, valid_length)  # deferred init, same seed: same weights
     if fused:
@@ -186,22 +173,23 @@ def test_fused_attention_equals_the_chapter_ops(case):
     """Forward and backward of the one-operator attention == the chapter's imperative ops."""
     rng = onp.random.RandomState(3)
     batch, tq, tk = 5, 7, 7
-    valid_length, causal = np.array([7, 3, 1, 5, 2]), False
-    if case == "causal":
-        valid_length, causal = None, True
+    valid_length = np.array([7, 3, 1, 5, 2])
+    if case == "causal":  # the decoder's self-attention in training
+        valid_length = causal_valid_length(np.zeros((batch, tq, 1)), 0)
     elif case == "cross":
         tq = 4
     elif case == "per_query":
         valid_length = np.array(rng.randint(1, tk + 1, size=(batch, tq)))
-    elif case == "step":  # the cached decoder: one query, a key buffer, the filled length
-        tq, tk, causal = 1, 9, True
+    elif case == "step":  # a decoder's past: one query after 8 kept positions
+        tq, tk = 1, 9
+        valid_length = causal_valid_length(np.zeros((batch, tq, 1)), 8)
     elif case == "empty":  # d2l: a fully masked row gets uniform weights
         valid_length = np.array([0, 3, 7, 0, 2])
     query = np.array(rng.normal(size=(batch, tq, 32)), dtype="float32")
     key = np.array(rng.normal(size=(batch, tk, 32)), dtype="float32")
     dout = np.array(rng.normal(size=(batch, tq, 32)), dtype="float32")
-    ref = _attention_run(query, key, valid_length, causal, False, dout)
-    ours = _attention_run(query, key, valid_length, causal, True, dout)
+    ref = _attention_run(query, key, valid_length, False, dout)
+    ours = _attention_run(query, key, valid_length, True, dout)
     for i, (a, b) in enumerate(zip(ref, ours)):
         onp.testing.assert_allclose(b.asnumpy(), a.asnumpy(), atol=2e-5, rtol=1e-5, err_msg=i)
 
@@ -221,7 +209,7 @@ def _dropout_case(p=0.3, batch=16, tq=9, tk=11, heads=4, width=32, seed=5):
     return q, k, v, length
 
 
-def _kernel_attention(q, k, v, length, p, train, heads=4, causal=False):
+def _kernel_attention(q, k, v, length, p, train, heads=4):
     """The operator called directly: (out, keep, dq, dk, dv) for the output gradient `dout`."""
     q, k, v = q.copy(), k.copy(), v.copy()
     for x in (q, k, v):
@@ -230,7 +218,7 @@ def _kernel_attention(q, k, v, length, p, train, heads=4, causal=False):
     with autograd.record():
         out, keep = mx.nd.d2t_attention_masked(
             q.as_nd_ndarray(), k.as_nd_ndarray(), v.as_nd_ndarray(), length.as_nd_ndarray(),
-            flag.as_nd_ndarray(), num_heads=heads, causal=int(causal),
+            flag.as_nd_ndarray(), num_heads=heads, causal=0,
             scale=repr(float(onp.sqrt(q.shape[-1] // heads))), dropout=repr(p))
     out = out.as_np_ndarray()
     dout = np.array(onp.random.RandomState(9).normal(size=out.shape), dtype="float32")
@@ -263,15 +251,14 @@ def test_attention_dropout_drops_a_fraction_p_of_the_weights():
 
 
 @needs_kernels
-@pytest.mark.parametrize("causal", [False, True])
-def test_attention_dropout_equals_mxnet_ops_with_the_same_mask(causal):
+def test_attention_dropout_equals_mxnet_ops_with_the_same_mask():
     """Output and gradients of q, k, v == MXNet's ops (d2l's masked softmax, the kernel's keep
     mask applied as Dropout applies its mask: kept weights times 1 / (1 - p), batch_dot)."""
     from d2l_transformer.attention import masked_softmax, repeat_valid_length, transpose_output
     p, heads = 0.25, 4
     q, k, v, length = _dropout_case(p, tq=11)
     mx.random.seed(3)
-    out, keep, dq, dk, dv, dout = _kernel_attention(q, k, v, length, p, True, heads, causal)
+    out, keep, dq, dk, dv, dout = _kernel_attention(q, k, v, length, p, True, heads)
     assert 0 < keep.asnumpy().mean() < 1
     mask = keep.astype("float32").reshape(-1, q.shape[1], k.shape[1]) / (1 - p)  # (batch*h, q, k)
     q2, k2, v2 = q.copy(), k.copy(), v.copy()
@@ -280,7 +267,7 @@ def test_attention_dropout_equals_mxnet_ops_with_the_same_mask(causal):
     with autograd.record():
         scores = npx.batch_dot(_heads(q2, heads), _heads(k2, heads), transpose_b=True)
         weights = masked_softmax(scores / onp.sqrt(q.shape[-1] // heads),
-                                 repeat_valid_length(length, heads), causal)
+                                 repeat_valid_length(length, heads))
         ref = transpose_output(npx.batch_dot(weights * mask, _heads(v2, heads)), heads)
     ref.backward(dout)
     for name, a, b in [("out", ref, out), ("dq", q2.grad, dq), ("dk", k2.grad, dk),
@@ -297,7 +284,7 @@ def test_attention_dropout_inactive_at_inference():
     query = np.array(rng.normal(size=(6, 5, 32)), dtype="float32")
     valid_length = np.array([5, 2, 1, 4, 3, 5])
     mx.random.seed(0)
-    attention = MultiHeadAttention(32, 4, 0.4, causal=True)
+    attention = fuse(MultiHeadAttention(32, 4, 0.4))
     attention.initialize(mx.init.Xavier(), ctx=mx.cpu())
     expected = attention(query, query, query, valid_length)  # imperative, not training
     attention.hybridize(static_alloc=True, static_shape=True)
@@ -363,7 +350,7 @@ def test_addnorm_dropout_fused_in_graphs_and_inactive_at_inference():
     operator (no separate Dropout on Y): outside training it gives the imperative block's
     output; in training (the same graph) it drops."""
     X, Y, _ = _inputs((8, 5, 32))
-    addnorm = AddNorm(0.3)
+    addnorm = _fused_addnorm(0.3)
     addnorm.initialize(ctx=mx.cpu())
     expected = addnorm(X, Y)  # imperative, not training: no dropout
     addnorm.hybridize(static_alloc=True, static_shape=True)
@@ -485,14 +472,13 @@ def test_fast_full_step_equals_the_imperative_step():
     for dropout in (0.0, cfg.dropout):
         model = d2t.build_model(cfg.replace(dropout=dropout), src_vocab, tgt_vocab)
         model.initialize(mx.init.Xavier(), ctx=mx.cpu())
-        graph = TrainGraph(model, MaskedSoftmaxCELoss(0.1, reduction="token"))
+        graph = fuse(TrainGraph(model, MaskedSoftmaxCELoss(0.1, reduction="token")))
         graph.hybridize(static_alloc=True, static_shape=True)
         X, X_vlen, Y, Y_vlen = batches[0]
         with autograd.record(), kernels.fused(mx.cpu()):
             graph(X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
         ops = [node["op"] for node in json.loads(graph._cached_graph[1].tojson())["nodes"]]
-        assert {"d2t_attention", "d2t_attention_masked", "d2t_add_layer_norm",
-                "d2t_softmax_ce"} <= set(ops)
+        assert {"d2t_attention_masked", "d2t_add_layer_norm", "d2t_softmax_ce"} <= set(ops)
         assert "log_softmax" not in ops and "batch_dot" not in ops
         assert ("Dropout" in ops) == (dropout > 0)
 
@@ -521,42 +507,6 @@ def test_fast_full_training_with_dropout_learns_and_repeats():
         runs.append(losses)
     assert onp.isfinite(runs[0]).all() and runs[0][-1] < runs[0][0] - 0.1, runs[0]
     assert runs[0] == runs[1]
-
-
-class _ShiftIn(nn.HybridBlock):
-    def hybrid_forward(self, F, new, cache, position):
-        if kernels.active():
-            return kernels.shift_in(F, new, cache, position)
-        return F.np.concatenate([new, cache[:, :-1]], axis=1)  # (rows, L, hidden)
-
-
-@needs_kernels
-@pytest.mark.parametrize("position", [6, 2, 0, 9])
-def test_shift_in_equals_slice_and_concatenate(position):
-    """The decoding cache's one-copy update: the rows 0..position (those the step's attention
-    reads; all 7 from position 6 on) and the gradients that reach them equal MXNet's slice +
-    concatenate, bit for bit (both only move numbers); the cache rows past them get no
-    gradient."""
-    rng = onp.random.RandomState(0)
-    new, cache = rng.randn(5, 1, 8).astype("float32"), rng.randn(5, 7, 8).astype("float32")
-    head = rng.randn(5, 7, 8).astype("float32")
-    n = min(position, 6)  # cache rows kept
-    head[:, n + 1:] = 0  # the rows past the position: never read
-    results = []
-    for fused in (False, True):
-        block = _ShiftIn()
-        block.hybridize()
-        a, b = np.array(new), np.array(cache)
-        a.attach_grad()
-        b.attach_grad()
-        with autograd.record(), (kernels.fused(mx.cpu()) if fused else contextlib.nullcontext()):
-            out = block(a, b, np.array([position], dtype="float32"))
-        out.backward(np.array(head))
-        results.append([out.asnumpy()[:, :n + 1], a.grad.asnumpy(), b.grad.asnumpy()])
-        if fused:
-            assert "d2t_shift_in" in block._cached_graph[1].tojson()
-    for x, y in zip(*results):
-        assert (x == y).all()
 
 
 def test_private_dir_is_created_0700_and_refused_when_others_could_plant_a_library(tmp_path):
@@ -596,145 +546,3 @@ def test_unwritable_cache_falls_back_to_a_private_temporary_dir_or_mxnet(tmp_pat
         assert kernels.load() is False
     assert len(caught) == 1 and "writable by other users" in str(caught[0].message)
     assert os.listdir(private) == []  # nothing was built or loaded there
-
-
-class _TakeShiftIn(nn.HybridBlock):
-    def hybrid_forward(self, F, new, cache, rows, position):
-        if kernels.active():
-            return kernels.take_shift_in(F, new, cache, rows, position)
-        cache = F.np.take(cache, rows.astype("int32"), axis=0)  # (rows, L, hidden)
-        return F.np.concatenate([new, cache[:, :-1]], axis=1)
-
-
-@needs_kernels
-@pytest.mark.parametrize("position", [6, 3, 0])
-def test_take_shift_in_equals_take_slice_and_concatenate(position):
-    """Beam search's cache update (each beam row continues its parent's cache, then takes the
-    new position in front) in one copy: the rows 0..position and the gradients equal MXNet's
-    take + slice + concatenate, bit for bit, with rows repeated and rows left out."""
-    rng = onp.random.RandomState(0)
-    new, cache = rng.randn(6, 1, 8).astype("float32"), rng.randn(6, 7, 8).astype("float32")
-    head = rng.randn(6, 7, 8).astype("float32")
-    n = min(position, 6)
-    head[:, n + 1:] = 0  # the rows past the position: never read
-    rows = onp.array([0, 0, 3, 5, 5, 5], "float32")
-    results = []
-    for fused in (False, True):
-        block = _TakeShiftIn()
-        block.hybridize()
-        a, b = np.array(new), np.array(cache)
-        a.attach_grad()
-        b.attach_grad()
-        with autograd.record(), (kernels.fused(mx.cpu()) if fused else contextlib.nullcontext()):
-            out = block(a, b, np.array(rows), np.array([position], dtype="float32"))
-        out.backward(np.array(head))
-        results.append([out.asnumpy()[:, :n + 1], a.grad.asnumpy(), b.grad.asnumpy()])
-        if fused:
-            assert "d2t_take_shift_in" in block._cached_graph[1].tojson()
-    expected = onp.concatenate([new, cache[rows.astype(int)][:, :-1]], axis=1)[:, :n + 1]
-    assert (results[1][0] == expected).all()
-    for x, y in zip(*results):
-        assert onp.allclose(x, y, rtol=0, atol=1e-6)  # gradients: sums in another order
-
-
-@needs_kernels
-def test_row_topk_equals_numpy_repeated_argmax():
-    """The beam step's ranking on the device equals the translator's NumPy ranking
-    (`_row_top_k`: repeated argmax, ties to the lower id) on rows with ties and masked ids."""
-    from d2l_transformer.inference.translator import _row_top_k
-    rng = onp.random.RandomState(0)
-    for rows, V, k in [(64, 500, 4), (8, 7, 5), (5, 10, 10), (6, 4003, 20)]:
-        x = rng.randn(rows, V).astype("float32")
-        x[:, 3] = x[:, 5]  # a tie between ids 3 and 5
-        x[0] = 0.5  # a row of ties
-        x[1, : V // 2] = x[1, V // 2:2 * (V // 2)]  # every value twice
-        x[2] = onp.arange(V)  # the best last: no block of 16 can be passed over
-        x[3] = -onp.arange(V)  # the best first: every later block passed over
-        bias = onp.zeros((1, V), "float32")
-        bias[0, [0, 2]] = -1e18  # masked ids, as the translator's bias row
-        top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.array(bias), k=k).asnumpy()
-        values, ids = _row_top_k(x + bias, k)
-        assert top.shape == (rows, 2 * k)
-        assert (top[:, :k] == values).all() and (top[:, k:].astype("int64") == ids).all()
-
-
-@needs_kernels
-def test_row_topk_of_log_softmax_equals_mxnet_log_softmax_ranked():
-    """``log_softmax=1``: the top entries of MXNet's ``log_softmax(x) + bias`` from the
-    logits x in one operator, the decoding steps' ranking: the same ids, the values to float32
-    rounding (another order of the sum of exponentials), masked ids never picked."""
-    from d2l_transformer.inference.translator import _row_top_k
-    rng = onp.random.RandomState(1)
-    for rows, V, k, scale in [(64, 4000, 1, 3.0), (64, 4000, 4, 3.0), (7, 4003, 5, 30.0),
-                              (3, 9, 9, 1.0)]:
-        x = (scale * rng.randn(rows, V)).astype("float32")
-        x[:, 7 % V] = x.max(axis=1) + 5  # a masked id above every other
-        bias = onp.zeros((1, V), "float32")
-        bias[0, 7 % V] = -1e18
-        top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.array(bias), k=k,
-                                 log_softmax=1).asnumpy()
-        values, ids = _row_top_k(mx.nd.log_softmax(mx.nd.array(x)).asnumpy() + bias, k)
-        assert (top[:, k:].astype("int64") == ids).all()
-        assert onp.allclose(top[:, :k], values, rtol=0, atol=2e-5)
-        assert not (top[:, k:] == 7 % V).any() or k == V
-    x = onp.zeros((2, 5), "float32")  # uniform rows: log(1/5) each, ties to the lower id
-    top = mx.nd.d2t_row_topk(mx.nd.array(x), mx.nd.zeros((1, 5)), k=2, log_softmax=1).asnumpy()
-    assert onp.allclose(top, [[onp.log(0.2)] * 2 + [0, 1]] * 2, rtol=0, atol=1e-6)
-
-
-@needs_kernels
-def test_row_topk_checks_hold_on_the_generic_build_too():
-    """The decoding steps' ranking is compiled twice, generic and AVX2 + FMA, and the CPU picks
-    one at run time: the two tests above run again in a process kept to the generic build
-    (``D2L_TRANSFORMER_KERNELS_ISA=generic``), and the library says which build ran."""
-    import ctypes
-
-    here = ctypes.CDLL(kernels.library_path()).d2t_row_topk_avx2()
-    env = {**os.environ, "D2L_TRANSFORMER_KERNELS_ISA": "generic"}
-    code = ("import ctypes; from d2l_transformer import kernels; assert kernels.load(); "
-            "print(ctypes.CDLL(kernels.library_path()).d2t_row_topk_avx2())")
-    asked = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, timeout=600)
-    assert asked.stdout.strip() == "0", asked.stderr[-2000:]
-    checks = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             __file__, "-k", "row_topk and not generic_build"], env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert checks.returncode == 0 and "2 passed" in checks.stdout, checks.stdout[-3000:]
-    if here == 0:
-        pytest.skip("this CPU has no AVX2 + FMA: the generic build is the one the other "
-                    "tests ran (checked above all the same)")
-
-
-@needs_kernels
-def test_beam_update_equals_the_translators_numpy_update():
-    """The beam step's bookkeeping on the device (`d2t_beam_update`) equals the translator's
-    NumPy update (`_beam_update`, a stable sort of the candidates against the finished beams)
-    bit for bit: scores, words, parents, which beams live on, the next tokens and cache rows,
-    with finished beams, tied candidates, <eos> picks and sentences at their length limit."""
-    from d2l_transformer.inference.translator import NEG, Translator, _beam_update, _row_top_k
-    rng = onp.random.RandomState(0)
-    B, k, V, eos = 5, 3, 12, 2
-    for t in (1, 2, 6):
-        log_probs = onp.log(rng.dirichlet(onp.ones(V), size=B * k)).astype("float32")
-        log_probs[1] = log_probs[0]  # two beams with the same candidates: ties
-        scores = rng.uniform(-5, 0, size=(B, k)).astype("float32")
-        scores[0, 1:] = NEG if t == 1 else scores[0, 1:]
-        scores[2, 2] = scores[2, 0]  # a finished beam tied with a live one
-        alive = rng.rand(B, k) > 0.3
-        limits = onp.array([30, t, 30, t + 1, 30])
-        prev_lp, lp = Translator._penalties(t, 0.6)
-        values, ids = _row_top_k(log_probs.copy(), k)
-        new_scores, words, parents = _beam_update(values, ids, scores, alive, k, prev_lp, lp)
-        new_alive = onp.take_along_axis(alive, parents, axis=1) & (words != eos) \
-            & (limits[:, None] > t)
-        top = onp.concatenate([values, ids.astype("float32")], axis=1)  # (B*k, 2k)
-        state = onp.zeros((B, k, 6), "float32")
-        state[..., 0], state[..., 1] = scores, alive
-        info = onp.array([t, prev_lp, lp], "float32")
-        out = mx.nd.d2t_beam_update(mx.nd.array(top), mx.nd.array(state), mx.nd.array(info),
-                                    mx.nd.array(limits.astype("float32")), k=k, eos=eos).asnumpy()
-        assert (out[..., 0] == new_scores).all()
-        assert (out[..., 1] == new_alive).all()
-        assert (out[..., 2] == words).all() and (out[..., 3] == parents).all()
-        assert (out[..., 4] == onp.maximum(words, 0)).all()
-        assert (out[..., 5] == parents + onp.arange(0, B * k, k)[:, None]).all()

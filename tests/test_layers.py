@@ -2,7 +2,7 @@
 
 import math
 
-import chapter_reference as book
+import chapter_0_11 as book
 import numpy as onp
 from conftest import assert_close, copy_params
 from mxnet import init, np

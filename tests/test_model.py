@@ -1,6 +1,6 @@
 """9.3.5-9.3.6: encoder and decoder, against the book's code; the three chapter bugs; caching."""
 
-import chapter_reference as book
+import chapter_0_11 as book
 import numpy as onp
 import pytest
 from conftest import ModelGraph, assert_close, copy_params

@@ -3,9 +3,11 @@
 import os
 import sys
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook extra: pip install -e '.[notebook]'")
+NotebookClient = pytest.importorskip(
+    "nbclient", reason="the notebook extra: pip install -e '.[notebook]'").NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "transformer.ipynb")

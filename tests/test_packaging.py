@@ -110,3 +110,44 @@ def test_wheel_installs_in_a_fresh_venv_and_trains_outside_the_tree(tmp_path):
     assert len(r.stdout.splitlines()) == 1
     # nothing written beside the model directory and its versions
     assert [n for n in os.listdir(work) if not n.startswith(".m.v-")] == ["m"]
+
+
+def test_one_version_read_by_setup_and_the_package():
+    """setup.py reads d2l_transformer/_version.py as text; the package re-exports it."""
+    import d2l_transformer
+    from d2l_transformer._version import __version__
+
+    r = _run([sys.executable, "setup.py", "--version"], cwd=ROOT)
+    assert r.stdout.split()[-1] == __version__ == d2l_transformer.__version__
+
+
+def _imports_of_the_face(path):
+    """The lines of a package module that import the package's ``__init__`` (its face): ``import
+    d2l_transformer``, ``from d2l_transformer import X`` or ``from .. import X`` resolving to the
+    top package, where X is not a submodule."""
+    import ast
+
+    rel = os.path.relpath(path, ROOT).replace(os.sep, "/")[:-3].split("/")
+    package = rel[:-1]  # a module's package; an __init__'s own package
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            found += [node.lineno for a in node.names if a.name == "d2l_transformer"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = base + (node.module.split(".") if node.module else [])
+            else:
+                target = (node.module or "").split(".")
+            if target == ["d2l_transformer"]:
+                submodules = {n[:-3] if n.endswith(".py") else n for n in os.listdir(PACKAGE)}
+                found += [node.lineno for a in node.names if a.name not in submodules]
+    return found
+
+
+def test_no_module_imports_the_package_face():
+    """Arrows point down: no module of the package imports its ``__init__`` (the version lives
+    in ``_version.py`` on the ground floor)."""
+    offenders = {f: lines for f in _source_files() if f.endswith(".py") and f !=
+                 "d2l_transformer/__init__.py" and (lines := _imports_of_the_face(os.path.join(ROOT, f)))}
+    assert offenders == {}

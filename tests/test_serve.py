@@ -133,13 +133,14 @@ def test_bad_requests_are_one_line_4xx(client, body, status, message):
     assert good(client) == good(client)  # and the server still answers
 
 
-def test_limits_of_the_model_and_the_body(engine, direct):
-    # with the server's own caps lifted, the model's positions are the limit
-    app = create_app(engine, max_chars=10 ** 6, max_tokens=10 ** 6, max_body=1 << 20)
-    with TestClient(app, base_url=BASE) as client:
-        r = post(client, {"text": ["go " * 1001]})
+def test_limits_of_the_model_and_the_body(engine, direct, monkeypatch):
+    # a model with fewer positions than the sentence limit: its positions are the limit
+    monkeypatch.setattr(engine, "max_positions", 50)
+    with TestClient(create_app(engine), base_url=BASE) as client:
+        r = post(client, {"text": ["go " * 51]})
         assert r.status_code == 413
-        assert r.json()["error"] == "text[0]: 1001 tokens; at most 1000 (the model's positions)"
+        assert r.json()["error"] == "text[0]: 51 tokens; at most 50 (the model's positions)"
+        assert client.get("/health").json()["limits"]["max_tokens"] == 50
         # a streamed (chunked) body is counted as it arrives
         chunks = (b" " * 65536 for _ in range(20))
         r = client.post("/translate", content=chunks, headers={"Content-Type": "application/json"})
@@ -147,6 +148,7 @@ def test_limits_of_the_model_and_the_body(engine, direct):
         r = client.post("/translate", content=b"{}", headers={"Content-Length": "12x"})
         assert r.status_code == 413
         assert good(client, ["go ."], beam=1) == [" ".join(direct.translate([["go", "."]])[0].tokens)]
+    monkeypatch.undo()
 
 
 def test_other_routes(client, engine):
@@ -267,7 +269,7 @@ def test_the_one_rule_refuses_the_same_inputs_with_the_same_words(client, engine
         engine.translator.translate([["go", "."], []])
     with pytest.raises(SentenceError, match="^sentence 0: 1001 tokens; at most 1000 "
                                             r"\(the model's positions\)$"):
-        engine.translator.encode_source([["go"] * 1001])
+        engine.translator.translate([["go"] * 1001])
 
 
 def _cells(attention):
@@ -275,7 +277,9 @@ def _cells(attention):
                for layer in attention[kind] for head in layer)
 
 
-def test_attention_is_capped_by_its_cells(client, engine, direct):
+def test_attention_is_capped_by_its_cells(client, engine, direct, monkeypatch):
+    from d2l_transformer.serve import engine as serve_engine
+
     # the count the cap uses is the number of weights the answer carries
     r = post(client, {"text": ["I won !", "Go ."], "beam": 1, "attention": True})
     for item in r.json()["translations"]:
@@ -293,14 +297,17 @@ def test_attention_is_capped_by_its_cells(client, engine, direct):
     hyp = direct.translate([engine.encode("I won !")])[0]
     cells = engine.attention_cells(3, len(hyp.tokens) + 1)
     assert engine.attention_cells(3, 1) < cells
-    for cap, status in ((cells - 1, 413), (cells, 200)):
-        with TestClient(create_app(engine, max_attention_cells=cap), base_url=BASE) as small:
-            r = post(small, {"text": ["I won !"], "beam": 1, "attention": True})
-            assert r.status_code == status
-            if status == 413:
-                assert r.json()["error"].startswith(f"attention: {cells} weights")
-            else:
-                assert _cells(r.json()["translations"][0]["attention"]) == cells
+    for cap, status in ((cells - 1, 413), (cells, 200)):  # the documented constant, smaller
+        monkeypatch.setattr(serve_engine, "MAX_ATTENTION_CELLS", cap)
+        assert client.get("/health").json()["limits"]["max_attention_cells"] == cap
+        r = post(client, {"text": ["I won !"], "beam": 1, "attention": True})
+        assert r.status_code == status
+        if status == 413:
+            assert r.json()["error"] == (f"attention: {cells} weights (layers x heads x "
+                                         f"queries x keys); at most {cap} per request: send "
+                                         "fewer or shorter sentences")
+        else:
+            assert _cells(r.json()["translations"][0]["attention"]) == cells
 
 
 def test_json_content_type_is_required(client):
@@ -320,7 +327,7 @@ def test_json_content_type_is_required(client):
 
 
 def test_foreign_host_headers_are_refused(engine):
-    from d2l_transformer.serve.app import allowed_hosts_for
+    from d2l_transformer.serve.middleware import allowed_hosts_for
 
     assert allowed_hosts_for("127.0.0.1") == ["127.0.0.1", "[::1]", "localhost"]
     assert allowed_hosts_for("localhost") == ["127.0.0.1", "[::1]", "localhost"]
@@ -354,7 +361,7 @@ def test_the_body_limit_is_linear_and_has_a_deadline():
     limit; a body that stalls is answered 408."""
     import asyncio
 
-    from d2l_transformer.serve.app import BodyLimit
+    from d2l_transformer.serve.middleware import BodyLimit
 
     def run(chunks, max_body, seconds=30, stall=False):
         seen, sent = [], []
@@ -465,8 +472,9 @@ def test_an_exact_chapter_model_is_refused_in_one_line(tmp_path, capsys):
     out = str(tmp_path / "exact")
     train_model(CHAPTER.replace(num_epochs=1, exact_chapter=True), out, ctx=mx.cpu(),
                 progress=False, preset="chapter", log=io.StringIO())
-    message = (f"{out} was trained with --exact-chapter (the book's bugs): the server needs the "
-               f"corrected model; translate it with d2l-transformer translate --model {out}")
+    message = (f"{out}: the server needs the corrected model; this one was trained with "
+               "--exact-chapter (the book's bugs); translate it with d2l-transformer translate "
+               f"--model {out}")
     with pytest.raises(ServeError) as e:
         Engine(out, "cpu")
     assert str(e.value) == message
@@ -483,7 +491,8 @@ def test_serve_options_reach_the_server(monkeypatch):
     assert cli.main(["serve", "--model", "m", "--host", "0.0.0.0", "--allowed-hosts",
                      "mt.example.org, 10.0.0.2", "--api-key", "k"]) == 0
     assert calls[-1] == (("m", "0.0.0.0", 8000, "auto"),
-                         {"allowed_hosts": ["mt.example.org", "10.0.0.2"], "api_key": "k"})
+                         {"allowed_hosts": ["mt.example.org", "10.0.0.2"], "api_key": "k",
+                          "engine": "mxnet"})
     monkeypatch.setenv("D2L_TRANSFORMER_API_KEY", "from-env")
-    assert cli.main(["serve", "--model", "m"]) == 0
-    assert calls[-1][1] == {"allowed_hosts": None, "api_key": "from-env"}
+    assert cli.main(["serve", "--model", "m", "--engine", "ctranslate2"]) == 0
+    assert calls[-1][1] == {"allowed_hosts": None, "api_key": "from-env", "engine": "ctranslate2"}

@@ -97,7 +97,7 @@ def test_exact_training_equals_the_books_code_trained_by_d2l(nmt):
     import contextlib
     import io
 
-    import chapter_reference as book
+    import chapter_0_11 as book
     from conftest import trainable
 
     src_vocab, tgt_vocab, data_iter = nmt
@@ -139,3 +139,51 @@ def test_chapter_script_and_cli_train_the_same_way(tmp_path):
         assert f"{sentence} => {translation}" in script.stdout.splitlines()
         assert f"{sentence} => {translation}" in cli.stdout.splitlines()
     assert (tmp_path / "script" / "model" / "params.params").exists()  # a model directory too
+
+
+def test_a_second_run_into_a_directory_being_trained_is_refused_at_once(tmp_path, capsys):
+    """Two real processes: while one trains OUT, `train --out OUT` (even with --overwrite) is
+    refused in one line naming the first's pid, and touches nothing; the first, killed, leaves
+    no stale lock (the OS releases it), and a finished run leaves no lock file."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from d2l_transformer import cli
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, lock = tmp_path / "m", tmp_path / ".m.lock"
+    train = ["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--out", str(out)]
+    with open(tmp_path / "first.err", "w") as err:
+        first = subprocess.Popen([sys.executable, "-m", "d2l_transformer.cli"] + train
+                                 + ["--epochs", "1000"], cwd=root, stdout=subprocess.DEVNULL,
+                                 stderr=err, env=dict(os.environ, PYTHONPATH=root))
+    try:
+        deadline = time.time() + 300
+        while not (lock.exists() and "pid" in lock.read_text()):
+            assert first.poll() is None, (tmp_path / "first.err").read_text()
+            assert time.time() < deadline, "the first run never took the lock"
+            time.sleep(0.05)
+        held = lock.read_text()
+        assert cli.main(train + ["--epochs", "1", "--overwrite"]) == 2
+        assert capsys.readouterr().err == \
+            f"error: {out} is being trained by another process (pid {first.pid})\n"
+        assert lock.read_text() == held and first.poll() is None
+    finally:
+        first.kill()
+        first.wait()
+    assert lock.exists()  # killed: its file stays, its lock does not
+    assert cli.main(train + ["--epochs", "1", "--overwrite"]) == 0
+    assert not lock.exists() and (out / "params.params").exists()
+
+
+def test_a_lock_file_the_package_did_not_write_is_refused_untouched(tmp_path, capsys):
+    from d2l_transformer import cli
+
+    (tmp_path / ".m.lock").write_text("mine\n")
+    assert cli.main(["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--out",
+                     str(tmp_path / "m")]) == 2
+    assert "was not written by d2l_transformer" in capsys.readouterr().err
+    assert (tmp_path / ".m.lock").read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".m.lock"]

@@ -16,6 +16,8 @@ from .text import (
     RESERVED_TOKENS,
     Vocab,
     build_array,
+    fra_pairs,
+    plain_spaces,
     preprocess_fast,
     read_data_nmt,
     tokenize_nmt_lines,
@@ -39,19 +41,13 @@ def normalize_source(sentence):
 def clean_text(text):
     """A sentence as it is kept: non-breaking spaces (French ``Va\\u202f!``) made plain, and
     whitespace collapsed; case and punctuation untouched."""
-    return " ".join(text.replace("\u202f", " ").replace("\xa0", " ").split())
+    return " ".join(plain_spaces(text).split())
 
 
 def _pairs_of(text, start=0, stop=None):
-    source, target = [], []
-    for i, line in enumerate(text.split("\n")):
-        if stop is not None and i >= stop:
-            break
-        parts = line.split("\t")
-        if i >= start and len(parts) == 2:  # the lines `tokenize_nmt_lines` keeps
-            source.append(clean_text(parts[0]))
-            target.append(clean_text(parts[1]))
-    return Pairs(source, target)
+    pairs = [(clean_text(english), clean_text(french))
+             for english, french in fra_pairs(text, start, stop)]
+    return Pairs([s for s, _ in pairs], [t for _, t in pairs])
 
 
 def read_pairs(path=None, num_examples=None, start=0):

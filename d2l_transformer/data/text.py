@@ -48,13 +48,32 @@ def read_data_nmt(path=None):
         raise DataError(f"dataset {path} is damaged or unreadable: {e}") from None
 
 
+def plain_spaces(text):
+    """Non-breaking spaces (French ``Va\\u202f!``, ``\\xa0``) made plain spaces, as d2l's
+    `preprocess_nmt` does first."""
+    return text.replace("\u202f", " ").replace("\xa0", " ")
+
+
+def fra_pairs(text, start=0, stop=None):
+    """The (english, french) strings of the lines ``start <= i < stop`` of fra.txt's text (all
+    after start if None) that hold exactly one tab: the lines d2l's `tokenize_nmt` keeps."""
+    for i, line in enumerate(text.split("\n")):
+        if stop is not None and i >= stop:
+            break
+        if i < start:
+            continue
+        parts = line.split("\t")
+        if len(parts) == 2:
+            yield parts[0], parts[1]
+
+
 def preprocess_nmt(text):
     """Lower-case, replace non-breaking spaces, and put a space before , . ! (d2l)."""
 
     def no_space(char, prev_char):
         return char in set(",.!") and prev_char != " "
 
-    text = text.replace("\u202f", " ").replace("\xa0", " ").lower()
+    text = plain_spaces(text).lower()
     out = [" " + char if i > 0 and no_space(char, text[i - 1]) else char
            for i, char in enumerate(text)]
     return "".join(out)
@@ -66,7 +85,7 @@ _STOP_AFTER_NON_SPACE = re.compile(r"(?<=[^ ])([,.!])")
 def preprocess_fast(text):
     """`preprocess_nmt` as one regular expression: the same text (all of fra.txt is checked in
     tests/test_data.py), without a Python loop over characters."""
-    text = text.replace("\u202f", " ").replace("\xa0", " ").lower()
+    text = plain_spaces(text).lower()
     return _STOP_AFTER_NON_SPACE.sub(r" \1", text)
 
 
@@ -79,15 +98,9 @@ def tokenize_nmt(text, num_examples=None):
 def tokenize_nmt_lines(text, start=0, stop=None):
     """`tokenize_nmt` for the lines ``start <= i < stop`` of the text (all after start if None)."""
     source, target = [], []
-    for i, line in enumerate(text.split("\n")):
-        if stop is not None and i >= stop:
-            break
-        if i < start:
-            continue
-        parts = line.split("\t")
-        if len(parts) == 2:
-            source.append(parts[0].split(" "))
-            target.append(parts[1].split(" "))
+    for english, french in fra_pairs(text, start, stop):
+        source.append(english.split(" "))
+        target.append(french.split(" "))
     return source, target
 
 

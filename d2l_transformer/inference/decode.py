@@ -1,4 +1,4 @@
-"""Translating with a trained model: the chapter's greedy `predict_s2s_ch8`."""
+"""The chapter's greedy decoding: `predict_s2s_ch8` (d2l 9.3.7) and its loop, `chapter_greedy`."""
 
 from mxnet import np
 
@@ -6,24 +6,14 @@ from ..data import truncate_pad
 from .translator import Translator
 
 
-def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
-    """Greedy decoding of one sentence, at most `num_steps` tokens (d2l 9.3.7).
-
-    The sentence is lower-cased and split on spaces. A model built with ``exact_chapter=True``
-    runs the chapter's own loop through the decoder's state, exactly as the book does (the
-    source is cut or padded to `num_steps`). The corrected model is decoded by the `Translator`
-    (the same greedy tokens, from one key/value-cache step graph; the source is never cut),
-    with nothing masked: like the chapter's argmax, it may emit any token of the vocabulary.
-    """
-    tokens = src_sentence.lower().split(" ")
-    if not getattr(model.decoder, "exact_chapter", True):  # the book's own classes: its loop
-        hyp, = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=num_steps,
-                          max_length=num_steps, suppress=False).translate([tokens])
-        return " ".join(hyp.tokens)
-    src_tokens = src_vocab[tokens]
-    enc_valid_length = np.array([len(src_tokens)], ctx=ctx)
-    src_tokens = truncate_pad(src_tokens, num_steps, src_vocab["<pad>"])
-    enc_X = np.array(src_tokens, ctx=ctx)
+def chapter_greedy(model, src_tokens, src_vocab, tgt_vocab, num_steps, ctx):
+    """The chapter's own loop through the decoder's state, exactly as the book runs it: the
+    source cut or padded to `num_steps`, at most `num_steps` tokens, the argmax over the whole
+    vocabulary. Returns the target tokens (no ``<eos>``). The decoding of a model built with
+    ``exact_chapter=True``."""
+    src_ids = src_vocab[list(src_tokens)]
+    enc_valid_length = np.array([len(src_ids)], ctx=ctx)
+    enc_X = np.array(truncate_pad(src_ids, num_steps, src_vocab["<pad>"]), ctx=ctx)
     enc_outputs = model.encoder(np.expand_dims(enc_X, axis=0), enc_valid_length)  # (1, T, d)
     dec_state = model.decoder.init_state(enc_outputs, enc_valid_length)
     dec_X = np.expand_dims(np.array([tgt_vocab["<bos>"]], ctx=ctx), axis=0)  # (1, 1)
@@ -35,4 +25,23 @@ def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
         if py == tgt_vocab["<eos>"]:
             break
         predict_tokens.append(py)
-    return " ".join(tgt_vocab.to_tokens(predict_tokens))
+    return tgt_vocab.to_tokens(predict_tokens)
+
+
+def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
+    """Greedy decoding of one sentence, at most `num_steps` tokens (d2l 9.3.7): a string.
+
+    The sentence is lower-cased and split on spaces. A model built with ``exact_chapter=True``
+    (or the book's own classes) runs the chapter's loop (`chapter_greedy`). The corrected model
+    is decoded by the `Translator` (the same greedy tokens, from one key/value-cache step
+    graph; the source is never cut), with nothing masked: like the chapter's argmax, it may
+    emit any token of the vocabulary.
+    """
+    tokens = src_sentence.lower().split(" ")
+    if getattr(model.decoder, "exact_chapter", True):
+        out = chapter_greedy(model, tokens, src_vocab, tgt_vocab, num_steps, ctx)
+    else:
+        hyp, = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=num_steps,
+                          max_length=num_steps, suppress=False).translate([tokens])
+        out = hyp.tokens
+    return " ".join(out)

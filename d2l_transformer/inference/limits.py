@@ -1,6 +1,8 @@
-"""Which source sentences a model translates: one rule, used by the library (`Translator`),
-the command line (``translate``) and the server (``serve``), so that all three refuse the same
-inputs with the same words.
+"""The rules of translation, each in one place: which source sentences a model translates
+(used by the library's `Translator`, the command line's ``translate`` and the server's
+``serve``, so that all three refuse the same inputs with the same words), what a model trained
+with ``--exact-chapter`` cannot do (`require_corrected`), the tokens never emitted (`BANNED`)
+and how long a translation may grow (`decode_limit`).
 
 The command line and the server refuse a sentence that is not valid Unicode (a lone
 surrogate), longer than `MAX_CHARS` characters, empty, longer than `MAX_TOKENS` tokens or the
@@ -12,6 +14,8 @@ the sentence itself (callers prefix where it was: ``line 3: ``, ``text[2]: ``,
 ``sentence 0: ``).
 """
 
+BANNED = ("<pad>", "<bos>")  # target tokens a translation never contains (and <unk> on request)
+EXTRA_LENGTH = 10  # a translation may have max(num_steps, its source's length + 10) tokens
 MAX_CHARS = 1000  # characters per sentence
 MAX_TOKENS = 200  # tokens per sentence (and never more than the model's positions): the
 # training sentences of fra-eng have at most ~60, so longer inputs are mistakes or attacks
@@ -67,3 +71,25 @@ def sentence_tokens(text, tokenizer, src_vocab, max_positions, *, max_chars=MAX_
     tokens = tokenizer.encode(text)
     check_sentence(tokens, src_vocab, max_positions, max_tokens)
     return tokens
+
+
+class ExactChapterError(ValueError):
+    """What a model trained with ``--exact-chapter`` (the book's bugs) cannot do; one line."""
+
+
+def require_corrected(model_or_cfg, what):
+    """Refuse (ExactChapterError) `what` (e.g. ``"beam search"``) for an exact-chapter model:
+    `model_or_cfg` is its config, or anything with the ``exact_chapter`` attribute (its
+    decoder). The book's decoder tiles the valid lengths across heads and restarts the
+    positions at every step: only the chapter's own loop (`decode.predict_s2s_ch8`) runs it."""
+    if getattr(model_or_cfg, "exact_chapter", False):
+        raise ExactChapterError(f"{what} needs the corrected model; this one was trained with "
+                                "--exact-chapter (the book's bugs)")
+
+
+def decode_limit(num_steps, source_length, max_positions=None):
+    """The most tokens a translation of a `source_length`-token source may have:
+    max(`num_steps`, `source_length` + `EXTRA_LENGTH`), and never more than the model's target
+    `max_positions` (None: no such cap)."""
+    limit = max(num_steps, source_length + EXTRA_LENGTH)
+    return limit if max_positions is None else min(limit, max_positions)

@@ -1,14 +1,13 @@
-"""Text in, text out: the model directory's tokenizer around the `Translator` (or, for a model
-trained with the chapter's bugs, the chapter's own `predict_s2s_ch8`)."""
+"""Token lists in, token lists out, for a model trained with a config: the `Translator`, or for
+a model trained with the chapter's bugs the chapter's own loop (`decode.chapter_greedy`); and
+text in, text out around them with the model directory's tokenizer."""
 
-from .decode import predict_s2s_ch8
+from .decode import chapter_greedy
+from .limits import ExactChapterError, require_corrected
 from .translator import ALPHA, Translator
 
 BATCH = 64  # sentences decoded together
-
-
-class TranslationError(ValueError):
-    """A request the model cannot serve (e.g. beam search on an exact-chapter model): one line."""
+TranslationError = ExactChapterError  # the name the command line catches (`require_corrected`)
 
 
 def no_unk_for(cfg, no_unk=False):
@@ -30,30 +29,28 @@ def translator_options(cfg, no_unk=False):
             "pad_to_num_steps": cfg.tokenizer != "subword"}
 
 
+def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA, *,
+                     no_unk=False):
+    """Translations (token lists) of token lists by the `Translator`, `BATCH` sentences at a
+    time; beam 1 is greedy decoding; never ``<pad>`` or ``<bos>``, nor ``<unk>`` where
+    `no_unk_for` says so. A model trained with --exact-chapter is decoded by the chapter's own
+    loop, one sentence at a time (greedy only, nothing masked: `limits.require_corrected`)."""
+    if cfg.exact_chapter:
+        if beam > 1:
+            require_corrected(cfg, "beam search")
+        if no_unk:
+            require_corrected(cfg, "--no-unk")
+        return [chapter_greedy(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx)
+                for s in sentences]
+    translator = Translator(model, src_vocab, tgt_vocab, ctx, batch_size=BATCH,
+                            **translator_options(cfg, no_unk))
+    return [hyp.tokens for hyp in translator.translate(sentences, beam, alpha)]
+
+
 def translate_texts(model, texts, tokenizer, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA,
                     *, no_unk=False):
     """Translations (text) of sentences (text): `translate_tokens` between the tokenizer's
     ``encode`` and ``decode``."""
     outs = translate_tokens(model, [tokenizer.encode(t) for t in texts], src_vocab, tgt_vocab,
                             cfg, ctx, beam, alpha, no_unk=no_unk)
-    return [tokenizer.decode(out.split()) for out in outs]
-
-
-def translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, ctx, beam=1, alpha=ALPHA, *,
-                     no_unk=False):
-    """Translations (strings) of token lists by the `Translator`, `BATCH` sentences at a time;
-    beam 1 is greedy decoding; never ``<pad>`` or ``<bos>``, nor ``<unk>`` where `no_unk_for`
-    says so. A model trained with --exact-chapter is decoded by the chapter's own
-    `predict_s2s_ch8`, one sentence at a time (greedy only, nothing masked)."""
-    if cfg.exact_chapter:
-        if beam > 1:
-            raise TranslationError("beam search needs the corrected model; this one was trained with "
-                            "--exact-chapter (use --beam 1)")
-        if no_unk:
-            raise TranslationError("--no-unk needs the corrected model; this one was trained with "
-                                   "--exact-chapter")
-        return [predict_s2s_ch8(model, " ".join(s), src_vocab, tgt_vocab, cfg.num_steps, ctx)
-                for s in sentences]
-    translator = Translator(model, src_vocab, tgt_vocab, ctx, batch_size=BATCH,
-                            **translator_options(cfg, no_unk))
-    return [" ".join(hyp.tokens) for hyp in translator.translate(sentences, beam, alpha)]
+    return [tokenizer.decode(out) for out in outs]

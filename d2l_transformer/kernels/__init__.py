@@ -10,8 +10,7 @@ the multi-head attention core (split heads, scores / sqrt(d), d2l's masked softm
 sum, merge heads — 12 MXNet operators and their backward passes) reading the heads in place;
 `softmax_ce.cc` adds ``d2t_softmax_ce``: the masked (label-smoothed) softmax cross-entropy,
 whose MXNet form (log_softmax, pick, mean over the vocabulary) took half of a `full`-preset
-step; `cache.cc` and `beam.cc` add the decoding step's cache updates and beam search's
-ranking and bookkeeping (inference only). Dropout inside the kernels (d2l 9.1's on the
+step. Dropout inside the kernels (d2l 9.1's on the
 attention weights, 9.3.3's AddNorm on the sublayer's output): MXNet's Dropout distribution,
 drawn from MXNet's seeded random states when MXNet is training (`training_flag`), the mask
 kept for the backward pass.
@@ -23,9 +22,9 @@ How it is used: `load()` compiles the library once per MXNet install into a cach
 user's private directory under the temporary one, `private_dir`: created mode 0700, and used
 only while it is a real directory owned by this user that no one else can write, since the
 library found there is loaded into the process; ~10 s with ``c++``/``$CXX``) and loads it.
-Graphs traced inside ``with fused(ctx):`` — the fast training step and the cached greedy step
-do this — use the kernels when `ctx` is a CPU; everything else (imperative calls,
-the faithful path, ``--exact-chapter``, GPU contexts, graphs a user hybridizes) runs MXNet's own
+Graphs traced inside ``with fused(ctx):`` — the fast training step does this — use the
+kernels when `ctx` is a CPU; everything else (imperative calls, the faithful path,
+``--exact-chapter``, GPU contexts, graphs a user hybridizes, the translator) runs MXNet's own
 operators. No compiler, a failed build or ``D2L_TRANSFORMER_KERNELS=0``: MXNet's operators
 (after a one-line warning when the build fails), the same numbers, only slower.
 """
@@ -46,8 +45,7 @@ from ..io import atomic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name)
-           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "cache.cc", "beam.cc",
-                          "threads.cc")]
+           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "threads.cc")]
 HEADERS = [os.path.join(HERE, "common.h")]
 # -fno-trapping-math: no FP exception is ever read, so float selects and compares may be
 # vectorized (the softmax loops); it changes no value. -fopenmp (MXNet's own libgomp) when the
@@ -55,8 +53,7 @@ HEADERS = [os.path.join(HERE, "common.h")]
 FLAGS = ["-O3", "-std=c++14", "-fno-trapping-math", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
 _state = {"loaded": None,  # None = not tried, True/False = the outcome
-          "active": 0, "inference": 0,  # the `fused` and `inference` blocks now open
-          "casts": {},  # id(symbol) -> (symbol, its float32 cast), inside `inference`
+          "active": 0,  # the `fused` blocks now open
           "threads": 1}  # the engine's CPU worker's OpenMP threads (`use_threads`)
 
 
@@ -152,7 +149,6 @@ def load():
             mx.library.load(build(), verbose=False)
             _state["loaded"] = all(hasattr(mx.sym, op) for op in (
                 "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce",
-                "d2t_shift_in", "d2t_take_shift_in", "d2t_row_topk", "d2t_beam_update",
                 "d2t_omp_threads"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
@@ -189,31 +185,6 @@ def use_threads(work):
     return n
 
 
-@contextlib.contextmanager
-def inference():
-    """Graphs traced inside this block are for inference only: the kernels' dropout, and the
-    `training_flag` that tells them whether MXNet is training (four operators per block, ~40 of
-    the ~100 operators of a decoding step of the `full` model), are left out of them. Such a
-    graph must never run while MXNet is training; the translator's graphs never do. Nestable."""
-    _state["inference"] += 1
-    try:
-        yield
-    finally:
-        _state["inference"] -= 1
-        if not _state["inference"]:
-            _state["casts"].clear()
-
-
-def _float32(x):
-    """`x` (a symbol) as float32 for a kernel's input. Inside `inference`, one Cast per symbol:
-    a decoding step's position, cache rows and valid lengths feed every layer's kernels."""
-    if not _state["inference"]:
-        return x.astype("float32")
-    if id(x) not in _state["casts"]:  # x is kept alive with its cast: its id stays its own
-        _state["casts"][id(x)] = (x, x.astype("float32"))
-    return _state["casts"][id(x)][1]
-
-
 def active():
     """True while a graph may use the kernels (inside `fused` on a CPU, library loaded)."""
     return _state["active"] > 0
@@ -228,7 +199,7 @@ def layer_norm(F, data, residual, gamma, beta, eps, dropout=0.0):
     nd = [x.as_nd_ndarray() for x in (data, residual, gamma, beta) if x is not None]
     if residual is None:
         return F.d2t_layer_norm(*nd, eps=eps).as_np_ndarray()
-    if dropout > 0 and not _state["inference"]:
+    if dropout > 0:
         out = F.d2t_add_layer_norm(*nd, training_flag(F).as_nd_ndarray(), eps=eps,
                                    dropout=repr(float(dropout)))
         return out[0].as_np_ndarray()  # out[1]: the keep mask the backward pass reads
@@ -249,52 +220,13 @@ def attention(F, query, key, value, valid_length, num_heads, causal, scale, drop
     nd = [query.as_nd_ndarray(), key.as_nd_ndarray(), value.as_nd_ndarray()]
     attrs = {"num_heads": num_heads, "causal": int(bool(causal)), "scale": repr(float(scale))}
     if valid_length is not None:
-        nd.append(_float32(valid_length).as_nd_ndarray())  # (batch,) or (batch, Tq)
-    dropout = 0.0 if _state["inference"] else dropout
+        nd.append(valid_length.astype("float32").as_nd_ndarray())  # (batch,) or (batch, Tq)
     if dropout > 0:
         attrs["dropout"] = repr(float(dropout))
         nd.append(training_flag(F).as_nd_ndarray())  # (1,)
     op = F.d2t_attention if valid_length is None else F.d2t_attention_masked
     out = op(*nd, **attrs)
     return (out[0] if dropout > 0 else out).as_np_ndarray()  # (batch, Tq, hidden)
-
-
-def shift_in(F, new, cache, position):
-    """``concatenate([new, cache[:, :-1]], axis=1)[:, :position + 1]`` in one operator
-    (`cache.cc`), in a graph: the decoding step's key/value cache taking its newest position in
-    front; only the ``position + 1`` rows the step reads are written (the others: whatever the
-    output buffer held). new: (rows, 1, hidden); cache: (rows, L, hidden); position: (1,)."""
-    return F.d2t_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray(),
-                          _float32(position).as_nd_ndarray()).as_np_ndarray()
-
-
-def take_shift_in(F, new, cache, rows, position):
-    """``concatenate([new, take(cache, rows)[:, :-1]], axis=1)[:, :position + 1]`` in one
-    operator (`beam.cc`), in a graph: each beam row's cache continues the row it came from and
-    takes its newest position in front; only the rows the step reads are written, as
-    `shift_in`. new: (rows, 1, hidden); cache: (rows, L, hidden); rows: (rows,); position: (1,)."""
-    return F.d2t_take_shift_in(new.as_nd_ndarray(), cache.as_nd_ndarray(),
-                               _float32(rows).as_nd_ndarray(),
-                               _float32(position).as_nd_ndarray()).as_np_ndarray()
-
-
-def row_topk(F, x, bias, k, log_softmax=False):
-    """The `k` largest entries of each row of ``x + bias``, best first, in one operator
-    (`beam.cc`), in a graph: (rows, 2k), the values then their column ids (float32); ties go
-    to the lower id. x: (rows, V); bias: (1, V). ``log_softmax``: of ``log_softmax(x) + bias``,
-    x being logits, without writing the (rows, V) log-probabilities (the values within 5e-7
-    of the exact ones; MXNet's float32 ``log_softmax`` is up to ~4e-6 off)."""
-    return F.d2t_row_topk(x.as_nd_ndarray(), bias.as_nd_ndarray(), k=k,
-                          log_softmax=int(bool(log_softmax))).as_np_ndarray()
-
-
-def beam_update(F, top, state, info, limits, k, eos):
-    """One step of beam search's bookkeeping in one operator (`beam.cc`), in a graph, with the
-    arithmetic of `inference.translator._beam_update`. top: (B*k, 2k) (`row_topk`); state
-    (B, k, 6): each beam's score, alive, word, parent, next token, cache row; info (3,): t,
-    lp(t - 1), lp(t); limits (B,). Returns the next state (B, k, 6)."""
-    nd = [x.as_nd_ndarray() for x in (top, state, info, limits)]
-    return F.d2t_beam_update(*nd, k=k, eos=eos).as_np_ndarray()
 
 
 def training_flag(F):

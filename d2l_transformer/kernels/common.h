@@ -28,17 +28,6 @@ inline std::string attr(const Attrs& attrs, const char* key, const char* fallbac
   return it == attrs.end() ? fallback : it->second;
 }
 
-// The cache rows a decoding step at position p keeps from the last step (d2t_shift_in,
-// d2t_take_shift_in): p of them, at most the L - 1 that fit behind the new one.
-inline int64_t positions_kept(const float* position, int64_t L) {
-  const int64_t p = static_cast<int64_t>(position[0]);
-  return p < 0 ? 0 : (p < L - 1 ? p : L - 1);
-}
-
-// A function inlined even into a caller compiled for another instruction set (beam.cc's AVX2
-// build), so that it is vectorized for that set.
-#define D2T_ALWAYS_INLINE inline __attribute__((always_inline))
-
 // exp(x) for x <= 0 (softmax's shifted scores) without a library call, so that the loops
 // below vectorize: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
 // polynomial (relative error < 2e-7 on that range), times 2^n through the exponent bits.
@@ -72,23 +61,22 @@ inline float row_max(const float* z, int64_t V) {
   return m;
 }
 
-// sum_v Exp(z_v - m), with 8 partial sums of type Acc (vectorizable, no latency chain),
-// always added in this order.
-template <typename Acc, float (*Exp)(float)>
-D2T_ALWAYS_INLINE Acc sum_exp(const float* z, int64_t V, float m) {
-  Acc s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// sum_v exp(z_v - m), with 8 partial sums (vectorizable, no latency chain), always added in
+// this order.
+inline float sum_exp(const float* z, int64_t V, float m) {
+  float s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t v = 0;
   for (; v + 8 <= V; v += 8)
-    for (int u = 0; u < 8; ++u) s8[u] += Exp(z[v + u] - m);
-  Acc s = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
-  for (; v < V; ++v) s += Exp(z[v] - m);
+    for (int u = 0; u < 8; ++u) s8[u] += exp_nonpositive(z[v + u] - m);
+  float s = ((s8[0] + s8[4]) + (s8[1] + s8[5])) + ((s8[2] + s8[6]) + (s8[3] + s8[7]));
+  for (; v < V; ++v) s += exp_nonpositive(z[v] - m);
   return s;
 }
 
 // log sum_v exp(z_v) in float32.
 inline float log_sum_exp(const float* z, int64_t V) {
   const float m = row_max(z, V);
-  return m + std::log(sum_exp<float, exp_nonpositive>(z, V, m));
+  return m + std::log(sum_exp(z, V, m));
 }
 
 template <int NUM_IN>

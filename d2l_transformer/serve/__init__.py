@@ -8,17 +8,19 @@ class ServeError(ValueError):
 
 
 def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,
-        allowed_hosts=None, api_key=None):
+        allowed_hosts=None, api_key=None, engine="mxnet"):
     """Load `model_dir` and serve it with uvicorn until interrupted. `allowed_hosts`: the
-    ``Host`` headers to answer (default: derived from `host`, `app.allowed_hosts_for`);
-    `api_key`: required of every translation request when set."""
+    ``Host`` headers to answer (default: derived from `host`, `middleware.allowed_hosts_for`);
+    `api_key`: required of every translation request when set; `engine`: the translation
+    engine (``"mxnet"`` or ``"ctranslate2"``, `inference.engines`)."""
     if api_key is not None and not api_key.strip():
         raise ServeError("the API key is empty")
     try:
         import uvicorn
 
-        from .app import allowed_hosts_for, create_app
+        from .app import create_app
         from .connection import protocol
+        from .middleware import allowed_hosts_for
     except ImportError as e:
         raise ServeError(f"serving needs the serve extra ({e.name} is not installed): "
                          "pip install 'd2l_transformer[serve]'") from None
@@ -33,10 +35,11 @@ def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,
             sock.bind(address)
     except OSError as e:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    engine = Engine(model_dir, ctx)
+    engine = Engine(model_dir, ctx, engine=engine)
     try:
         hosts = allowed_hosts_for(host, allowed_hosts)
-        print(f"serving {engine.model_dir} on http://{host}:{port}/ (API docs: /docs; Host "
+        print(f"serving {engine.model_dir} ({engine.info['engine']} engine) on "
+              f"http://{host}:{port}/ (API docs: /docs; Host "
               f"headers answered: {', '.join(hosts)}{'; API key required' if api_key else ''})",
               flush=True)
         uvicorn.run(create_app(engine, allowed_hosts=hosts, api_key=api_key), host=host,

@@ -22,20 +22,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from .. import __version__
-from ..inference.limits import MAX_CHARS, MAX_TOKENS, SentenceError, sentence_tokens
+from .._version import __version__
+from ..inference import limits as _limits
 from ..inference.translator import BEAM_SIZE
 from ..viz.attention_html import explorer_page
-from .engine import MAX_ATTENTION_CELLS, Busy, TooLarge, Unavailable
+from . import engine as _engine
+from .engine import Busy, TooLarge, Unavailable
+from .middleware import LOOPBACK_HOSTS, MAX_BODY, BodyLimit, HostCheck, error_response
 
 MAX_SENTENCES = 256  # per request
-MAX_BODY = 1 << 20  # bytes
-BODY_SECONDS = 30  # a request body must arrive within this time (slow clients hold a slot)
 MAX_BEAM = 16
 MAX_ALTERNATIVES = MAX_BEAM - 1  # LibreTranslate's `alternatives`: the beam's next best
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")  # Host headers of a loopback server
 # LibreTranslate's /languages: the one pair the model translates
 LANGUAGES = [{"code": "en", "name": "English", "targets": ["fr"]},
              {"code": "fr", "name": "French", "targets": []}]
@@ -84,13 +82,6 @@ class ApiError(Exception):
         self.status, self.message, self.headers = status, message, headers
 
 
-def _error(status, message, headers=None):
-    """``{"error": message}``: one line, at most 300 characters, always encodable (a lone
-    surrogate from the request, say in a field's name, becomes ``?``)."""
-    message = " ".join(str(message).split())[:300].encode("utf-8", "replace").decode("utf-8")
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
 def _where(loc):
     """pydantic's error location ``("text", 3)`` as ``text[3]``."""
     out = ""
@@ -104,99 +95,6 @@ def _validation_message(e):
     first = f"{_where(errors[0]['loc'])}: {errors[0]['msg']}"
     more = len(errors) - 1
     return first + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
-
-
-def allowed_hosts_for(host, allowed=None):
-    """The ``Host`` headers a server bound to `host` answers (any port): `allowed` when given;
-    for a loopback address localhost, 127.0.0.1 and [::1] (a web page elsewhere cannot make
-    the user's browser talk to it through DNS rebinding); for 0.0.0.0 or :: any (it is meant to
-    be reached under names it cannot know); else `host` itself."""
-    if allowed:
-        return list(allowed)
-    if host in ("0.0.0.0", "::", ""):
-        return ["*"]
-    literal = f"[{host}]" if ":" in host else host  # an IPv6 address, as a Host header has it
-    if host in ("localhost", "::1") or host.startswith("127."):
-        return sorted(set(LOOPBACK_HOSTS) | {literal})
-    return [literal]
-
-
-class HostCheck:
-    """ASGI middleware: Starlette's `TrustedHostMiddleware` decides whether the ``Host``
-    header is one of `allowed_hosts` (its parsing of ports and IPv6 literals, its ``*`` and
-    ``*.example.org`` patterns; no ``www.`` redirect); a foreign one is answered as every bad
-    request is, 400 ``{"error": ...}``, where Starlette answers in plain text."""
-
-    _OK = "d2l_transformer.host_ok"  # set in the scope when Starlette lets the request through
-
-    def __init__(self, app, allowed_hosts):
-        self.app = app
-        self.check = TrustedHostMiddleware(self._passed, allowed_hosts=allowed_hosts,
-                                           www_redirect=False)
-        self.others = TrustedHostMiddleware(app, allowed_hosts=allowed_hosts,
-                                            www_redirect=False)  # websockets, lifespan
-
-    @classmethod
-    async def _passed(cls, scope, receive, send):
-        scope[cls._OK] = True
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.others(scope, receive, send)
-
-        async def refused(message):  # Starlette's own answer, replaced below
-            pass
-
-        await self.check(scope, receive, refused)
-        if scope.pop(self._OK, False):
-            return await self.app(scope, receive, send)
-        await _error(400, "Invalid host header: not a name this server answers to (its "
-                          "--host or --allowed-hosts)")(scope, receive, send)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over `max_body` bytes is answered 413 before the app
-    reads it (by Content-Length, or counted as it streams in: the chunks are kept in a list
-    and joined once, linear in the body's size); a body that has not arrived within `seconds`
-    is answered 408."""
-
-    def __init__(self, app, max_body, seconds=BODY_SECONDS):
-        self.app, self.max_body, self.seconds = app, max_body, seconds
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        too_large = _error(413, f"request body over {self.max_body} bytes")
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return await too_large(scope, receive, send)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.seconds
-        chunks, size, more = [], 0, True
-        while more:
-            try:
-                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
-            except asyncio.TimeoutError:
-                return await _error(408, f"request body not received within {self.seconds} s")(
-                    scope, receive, send)
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                return await too_large(scope, receive, send)
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body, sent = b"".join(chunks), False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
 
 
 def read_body(content_type, body, form=True):
@@ -238,38 +136,34 @@ def _code(value):
     return value if re.fullmatch(r"[A-Za-z_-]{1,12}", value) else "that language"
 
 
-def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
-               max_tokens=MAX_TOKENS, max_attention_cells=MAX_ATTENTION_CELLS,
-               max_body=MAX_BODY, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
+def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
     """The FastAPI app serving `engine` (a `serve.engine.Engine`). `allowed_hosts`: the
-    ``Host`` headers answered (``["*"]``: any; `allowed_hosts_for`); `api_key`: when set,
-    every translation and detection request must carry it (403 otherwise)."""
+    ``Host`` headers answered (``["*"]``: any; `middleware.allowed_hosts_for`); `api_key`: when
+    set, every translation and detection request must carry it (403 otherwise). The limits are
+    the package's (`inference.limits`, `serve.engine.check_attention`) and this module's
+    `MAX_SENTENCES`, `MAX_BEAM` and `middleware.MAX_BODY`."""
     app = FastAPI(title="d2l_transformer", version=__version__,
                   description="English to French with the Transformer of d2l 9.3, and its "
                               "attention weights. The page at / explores them. LibreTranslate's "
                               "API is served at its own paths.")
-    app.add_middleware(BodyLimit, max_body=max_body)
+    app.add_middleware(BodyLimit, max_body=MAX_BODY)
     app.add_middleware(HostCheck, allowed_hosts=list(allowed_hosts))  # outermost
-    token_limit = min(max_tokens, engine.max_positions)
-    limits = {"max_sentences": max_sentences, "max_chars": max_chars, "max_tokens": token_limit,
-              "max_attention_cells": max_attention_cells, "max_beam": MAX_BEAM,
-              "max_alternatives": MAX_ALTERNATIVES, "max_body": max_body}
 
     @app.exception_handler(ApiError)
-    async def api_error(request, e):
-        return _error(e.status, e.message, e.headers)
+    async def apierror_response(request, e):
+        return error_response(e.status, e.message, e.headers)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request, e):  # 404, 405, ...
-        return _error(e.status_code, str(e.detail), getattr(e, "headers", None))
+    async def httperror_response(request, e):  # 404, 405, ...
+        return error_response(e.status_code, str(e.detail), getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
-    async def internal_error(request, e):  # our bug: logged with its traceback by the server
-        return _error(500, f"internal error ({type(e).__name__}); see the server's log")
+    async def internalerror_response(request, e):  # our bug: logged with its traceback by the server
+        return error_response(500, f"internal error ({type(e).__name__}); see the server's log")
 
     @app.exception_handler(RequestValidationError)
-    async def request_error(request, e):
-        return _error(422, _validation_message(e))
+    async def requesterror_response(request, e):
+        return error_response(422, _validation_message(e))
 
     def check_key(given):
         if api_key is None:
@@ -281,9 +175,9 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
     def tokens_of(where, text):
         """The sentence's tokens by the one rule (`inference.limits`); ApiError 413/422."""
         try:
-            return sentence_tokens(text, engine.tokenizer, engine.src_vocab, engine.max_positions,
-                                   max_chars=max_chars, max_tokens=max_tokens)
-        except SentenceError as e:
+            return _limits.sentence_tokens(text, engine.tokenizer, engine.src_vocab,
+                                           engine.max_positions)
+        except _limits.SentenceError as e:
             raise ApiError(413 if e.too_large else 422, f"{where}: {e}") from None
 
     async def run(sources, tokens, beam, attention=False, n_best=1):
@@ -294,6 +188,8 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
             raise ApiError(429, str(e), {"Retry-After": "1"}) from None
         except Unavailable as e:
             raise ApiError(503, str(e)) from None
+        except TooLarge as e:  # attention for these sources, before decoding
+            raise ApiError(413, str(e)) from None
         try:
             return await asyncio.wrap_future(future)
         except TooLarge as e:
@@ -311,6 +207,10 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
         if not engine.alive():
             return JSONResponse({"status": "unavailable",
                                  "error": "the model's worker thread has stopped"}, 503)
+        limits = {"max_sentences": MAX_SENTENCES, "max_chars": _limits.MAX_CHARS,
+                  "max_tokens": min(_limits.MAX_TOKENS, engine.max_positions),
+                  "max_attention_cells": _engine.MAX_ATTENTION_CELLS, "max_beam": MAX_BEAM,
+                  "max_alternatives": MAX_ALTERNATIVES, "max_body": MAX_BODY}
         return {"status": "ok", "model": engine.info, "limits": limits,
                 "pending": engine.pending(), "batches": engine.batches,
                 "sentences": engine.sentences}
@@ -322,22 +222,14 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
             raise ApiError(422, _validation_message(e)) from None
         check_key(req.api_key)
         n = len(req.text)
-        if not 1 <= n <= max_sentences:
+        if not 1 <= n <= MAX_SENTENCES:
             raise ApiError(422 if n == 0 else 413,
-                           f"text: {n} sentences; send 1 to {max_sentences} per request")
-        tokens = [tokens_of(f"text[{i}]", s) for i, s in enumerate(req.text)]
-        if req.attention:  # the fewest weights these sources can have: a one-token translation
-            least = sum(engine.attention_cells(len(t), 1) for t in tokens)
-            if least > max_attention_cells:
-                raise ApiError(413, f"attention: at least {least} weights (layers x heads x "
-                                    f"queries x keys); at most {max_attention_cells} per "
-                                    "request: send fewer or shorter sentences")
-        return req, tokens
+                           f"text: {n} sentences; send 1 to {MAX_SENTENCES} per request")
+        return req, [tokens_of(f"text[{i}]", s) for i, s in enumerate(req.text)]
 
     async def ours(data):
         req, tokens = parse(data)
-        items = await run(req.text, tokens, req.beam,
-                          max_attention_cells if req.attention else False)
+        items = await run(req.text, tokens, req.beam, req.attention)
         return JSONResponse({"translations": items, "model": engine.info})
 
     def libre_fields(data):
@@ -390,9 +282,9 @@ def create_app(engine, *, max_sentences=MAX_SENTENCES, max_chars=MAX_CHARS,
                         (f" line {k + 1}" if len(text_lines) > 1 else "")
                     sources.append(line)
                     tokens.append(tokens_of(where, line))
-                    if len(sources) > max_sentences:
-                        raise ApiError(413, f"q: over {max_sentences} sentences; send at most "
-                                            f"{max_sentences} per request")
+                    if len(sources) > MAX_SENTENCES:
+                        raise ApiError(413, f"q: over {MAX_SENTENCES} sentences; send at most "
+                                            f"{MAX_SENTENCES} per request")
         n_best = alternatives + 1
         items = iter(await run(sources, tokens, max(BEAM_SIZE, n_best), n_best=n_best)
                      if sources else [])

@@ -3,12 +3,17 @@
 MXNet 1.x does not allow Gluon blocks (CachedOp) to be called from several threads at once, and
 numpy mode (``npx.set_np()``) is a per-thread setting, so every MXNet call of the server --
 loading the model included -- runs on the engine's single worker thread (docs/serving.md).
-Requests that arrive while the model is busy are merged into one `Translator.translate` call
-(micro-batching): one batch per beam size, up to `max_batch` sentences.
+Requests that arrive while the model is busy are merged into one ``translate`` call of the
+translation engine (micro-batching): one batch per beam size, up to `max_batch` sentences.
+
+The translations come from the engine chosen (`inference.engines`: ``"mxnet"``, the package's
+`Translator`, or ``"ctranslate2"``); the attention weights always come from the MXNet model,
+which the server loads with either engine (a teacher-forced pass over the engine's translation).
+The attention a request may ask for is capped by `MAX_ATTENTION_CELLS` (`check_attention`).
 
 A model trained with ``--exact-chapter`` is refused (`ServeError`, one line): the server's
-answers carry beam search, scores and attention weights, which only the corrected model's
-`Translator` gives; ``d2l-transformer translate`` decodes such a model with the chapter's loop.
+answers carry beam search, scores and attention weights, which only the corrected model gives;
+``d2l-transformer translate`` decodes such a model with the chapter's loop.
 """
 
 import collections
@@ -21,8 +26,10 @@ import threading
 from mxnet import npx
 
 from ..context import parse_ctx
-from ..inference.text import translator_options
-from ..inference.translator import ALPHA, Translator
+from ..inference.engines import DEFAULT_ENGINE, CTranslate2Engine, MXNetEngine
+from ..inference.export import ExportError
+from ..inference.limits import ExactChapterError, require_corrected
+from ..inference.translator import ALPHA
 from ..io import checkpoint
 from . import ServeError
 
@@ -42,23 +49,36 @@ class Unavailable(Exception):
 
 
 class TooLarge(Exception):
-    """The attention weights asked for have more than `max_cells` cells (HTTP 413)."""
+    """The attention weights asked for have more than `MAX_ATTENTION_CELLS` cells (HTTP 413)."""
+
+
+def check_attention(cells, least=False):
+    """Refuse (TooLarge) `cells` attention weights over `MAX_ATTENTION_CELLS`: the one rule,
+    applied before decoding to the fewest the sources can have (`least`: a one-token
+    translation each) and after it to what the translations have."""
+    if cells > MAX_ATTENTION_CELLS:
+        raise TooLarge(f"attention: {'at least ' if least else ''}{cells} weights (layers x "
+                       f"heads x queries x keys); at most {MAX_ATTENTION_CELLS} per request: "
+                       "send fewer or shorter sentences")
 
 
 class Engine:
-    """The model of `model_dir` behind a queue, served by one worker thread.
+    """The model of `model_dir` behind a queue, served by one worker thread; `engine`: the
+    translation engine (`inference.engines.ENGINES`).
 
     After construction (which waits until the model is loaded, or re-raises why it could not
     be) `tokenizer`, `src_vocab`, `max_positions` and `info` are read-only and may be used from
     any thread; the model itself is only touched by the worker.
     """
 
-    def __init__(self, model_dir, ctx="auto", *, max_batch=64, max_pending=4096):
-        self.model_dir = os.path.abspath(model_dir)
-        if checkpoint.load_config(model_dir).exact_chapter:  # before the model loads
-            raise ServeError(f"{model_dir} was trained with --exact-chapter (the book's bugs): "
-                             "the server needs the corrected model; translate it with "
-                             f"d2l-transformer translate --model {model_dir}")
+    def __init__(self, model_dir, ctx="auto", *, engine=DEFAULT_ENGINE, max_batch=64,
+                 max_pending=4096):
+        self.model_dir, self.engine = os.path.abspath(model_dir), engine
+        try:  # before the model loads
+            require_corrected(checkpoint.load_config(model_dir), "the server")
+        except ExactChapterError as e:
+            raise ServeError(f"{model_dir}: {e}; translate it with d2l-transformer translate "
+                             f"--model {model_dir}") from None
         self.max_batch, self.max_pending = max_batch, max_pending
         self._closed = False
         self.batches = self.sentences = 0  # statistics: model calls and sentences translated
@@ -95,11 +115,12 @@ class Engine:
     def submit(self, sources, tokens, beam, attention=False, *, n_best=1):
         """Queue sentences (texts and their token lists); a Future of their result dicts
         ``{"source", "translation", "score"[, "attention"][, "alternatives"]}``. `attention`:
-        False, or the most attention cells (`attention_cells`) the job may return (else the
-        future fails with TooLarge); `n_best` > 1: also the next best beams' translations as
-        ``"alternatives"``. Raises Busy when too much is waiting, Unavailable when closed."""
-        if attention is True:
-            attention = MAX_ATTENTION_CELLS
+        also each translation's attention weights (`check_attention`: TooLarge at once for
+        sources that need too many, else the future fails with it when the translations do);
+        `n_best` > 1: also the next best beams' translations as ``"alternatives"``. Raises Busy
+        when too much is waiting, Unavailable when closed."""
+        if attention:
+            check_attention(sum(self.attention_cells(len(t), 1) for t in tokens), least=True)
         with self._lock:
             if not self.alive():
                 raise Unavailable("the server is shutting down" if self._closed else
@@ -123,15 +144,23 @@ class Engine:
     def _load(self, ctx_spec):
         npx.set_np()  # per thread: the chapter's numpy mode for this thread's MXNet calls
         ctx = parse_ctx(ctx_spec)
-        model, self.src_vocab, self.tgt_vocab, cfg, summary = checkpoint.load(self.model_dir, ctx)
-        self.tokenizer = checkpoint.load_tokenizer(self.model_dir, cfg)
-        self.translator = Translator(model, self.src_vocab, self.tgt_vocab, ctx,
-                                     batch_size=self.max_batch,
-                                     **translator_options(cfg))  # as `translate` does
-        self.max_positions = model.encoder.pos_encoding.max_len
-        self.enc_layers = len(model.encoder._active_blocks())
-        self.dec_layers, self.heads = len(model.decoder._active_blocks()), cfg.num_heads
-        self.info = {"name": os.path.basename(self.model_dir), "preset": summary.get("preset"),
+        # the MXNet model: the attention weights, and the translations of the "mxnet" engine
+        self.explainer = MXNetEngine.load(self.model_dir, ctx, batch_size=self.max_batch)
+        if self.engine == "ctranslate2":
+            try:
+                self.translator = CTranslate2Engine(self.model_dir, batch_size=self.max_batch)
+            except ExportError as e:
+                raise ServeError(str(e)) from None
+        else:
+            self.translator = self.explainer
+        model, cfg, summary = self.explainer.model, self.explainer.cfg, self.explainer.summary
+        self.tokenizer, self.src_vocab = self.explainer.tokenizer, self.explainer.src_vocab
+        self.tgt_vocab = self.explainer.tgt_vocab
+        self.max_positions = self.explainer.max_positions
+        self.enc_layers, self.dec_layers = len(model.encoder.blks), len(model.decoder.blks)
+        self.heads = cfg.num_heads
+        self.info = {"name": os.path.basename(self.model_dir), "engine": self.translator.name,
+                     "preset": summary.get("preset"),
                      "epochs": summary.get("epochs_done"), "layers": cfg.num_layers,
                      "heads": cfg.num_heads, "embedding_size": cfg.embedding_size,
                      "src_vocab": len(self.src_vocab), "tgt_vocab": len(self.tgt_vocab),
@@ -194,7 +223,8 @@ class Engine:
                     j.future.set_result(result)
 
     def _translate(self, jobs, beam):
-        """One `Translator.translate` call for all sentences of `jobs`; their result lists."""
+        """One ``translate`` call of the engine for all sentences of `jobs`; their result
+        lists."""
         n_best = max(j.n_best for j in jobs)
         hyps = iter(self.translator.translate([t for j in jobs for t in j.tokens], beam_size=beam,
                                               alpha=ALPHA, n_best=n_best))
@@ -202,21 +232,20 @@ class Engine:
         results = []
         for j in jobs:
             best = [next(hyps) for _ in j.tokens]  # each sentence's n_best hypotheses
-            if j.attention is not False:
-                cells = sum(self.attention_cells(len(src), len(b[0].tokens) + 1)
-                            for src, b in zip(j.tokens, best))
-                if cells > j.attention:
-                    results.append(TooLarge(f"attention: {cells} weights (layers x heads x "
-                                            f"queries x keys); at most {j.attention} per "
-                                            "request: send fewer or shorter sentences"))
+            if j.attention:
+                try:
+                    check_attention(sum(self.attention_cells(len(src), len(b[0].tokens) + 1)
+                                        for src, b in zip(j.tokens, best)))
+                except TooLarge as e:
+                    results.append(e)
                     continue
             items = []
             for source, tokens, b in zip(j.sources, j.tokens, best):
                 hyp = b[0]
                 item = {"source": source, "translation": self.tokenizer.decode(list(hyp.tokens)),
                         "score": round(float(hyp.score), 4)}
-                if j.attention is not False:
-                    item["attention"] = self.translator.attention(tokens, list(hyp.tokens))
+                if j.attention:
+                    item["attention"] = self.explainer.attention(tokens, list(hyp.tokens))
                 if j.n_best > 1:
                     item["alternatives"] = [self.tokenizer.decode(list(h.tokens))
                                             for h in b[1:j.n_best]]

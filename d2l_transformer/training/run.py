@@ -1,6 +1,7 @@
 """A whole training run (9.3.7), as ``d2l-transformer train`` and scripts/train_chapter.py run it:
 data, model, the loop, checkpoints, resuming, the four translations the chapter prints."""
 
+import contextlib
 import os
 import sys
 import time
@@ -15,7 +16,7 @@ from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..inference.decode import predict_s2s_ch8
 from ..inference.text import translator_options
 from ..inference.translator import Translator
-from ..io import checkpoint
+from ..io import checkpoint, lock
 from .loop import rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
@@ -27,15 +28,6 @@ SEED_STRIDE = 100000  # epoch e of a run with seed s draws from seed s * SEED_ST
 
 class RunError(ValueError):
     """A training run cannot start as asked; the message is one line."""
-
-
-class TrainingStopped(Exception):
-    """`train_model` stopped after epoch ``epoch`` because ``stop_after`` asked it to (the
-    model directory holds the last checkpoint, as after a killed run)."""
-
-    def __init__(self, epoch):
-        super().__init__(f"stopped after epoch {epoch}")
-        self.epoch = epoch
 
 
 class ProgressBar:
@@ -130,8 +122,8 @@ def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
 
 
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
-                data_path=None, checkpoint_every=1, progress=True, preset=None, stop_after=None,
-                log=None, valid_every=None, patience=None, average_last=None, overwrite=False):
+                data_path=None, checkpoint_every=1, progress=True, preset=None, log=None,
+                valid_every=None, patience=None, average_last=None, overwrite=False):
     """Train `cfg` from seed `seed` and return its summary (what summary.json holds).
 
     The one way a chapter run trains: seed everything with `seed`, load the data, build the
@@ -154,9 +146,10 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     the model directory, saved every ``checkpoint_every`` epochs and at the end (None: not
     saved); ``resume``: continue the run saved there; ``overwrite``: replace the model saved
     there (without either, an existing model directory is refused: `check_out_dir`, which also
-    refuses any directory that is not a model directory). ``progress``: a `ProgressBar` on stderr.
-    ``log``: where the one-line status messages go (stderr). ``stop_after`` (tests of resume):
-    raise `TrainingStopped` after that epoch's checkpoint, as if the run had been killed.
+    refuses any directory that is not a model directory). While the run trains ``out_dir`` it
+    holds its lock (`io.lock`, taken before anything is written): a second run into the same
+    directory is refused at once. ``progress``: a `ProgressBar` on stderr.
+    ``log``: where the one-line status messages go (stderr).
 
     Validation (`validation.Validator`, for a config with a valid part): every ``valid_every``
     epochs (None: 1 when ``cfg.num_valid``, else never; 0: never) the valid loss and greedy
@@ -183,147 +176,152 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     if batch_size < len(ctxs):
         raise RunError(f"batch size {cfg.batch_size} is too small for {num_workers} workers "
                        f"x {len(ctxs)} devices")
-    set_seed(seed)
-    tokenizer = checkpoint.load_tokenizer(out_dir, cfg) if resume else None
-    src_vocab, tgt_vocab, train_iter, tokenizer = load_data(
-        cfg, batch_size, data_path, rank=rank, num_workers=num_workers, fast=fast,
-        tokenizer=tokenizer)
     writer = rank == 0 and out_dir is not None  # only rank 0 writes the model directory
-    updates = len(train_iter) * cfg.num_epochs
-    if cfg.warmup_steps > updates:
-        print(f"warning: warmup_steps {cfg.warmup_steps} is longer than the whole run "
-              f"({len(train_iter)} batches x {cfg.num_epochs} epochs = {updates} updates): the "
-              f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
-              f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=log)
-    if valid_every is None:
-        valid_every = 1 if cfg.num_valid else 0
-    if valid_every and not cfg.num_valid:
-        raise RunError("--valid-every needs a valid part: this config has num_valid 0 (give "
-                       "e.g. --set num_valid=2000)")
-    if patience is not None and not valid_every:
-        raise RunError("--patience needs validation (--valid-every N, and a valid part)")
-    if resume:
-        model, saved_src, saved_tgt, _, summary = checkpoint.load(out_dir, ctxs)
-        if saved_src.idx_to_token != src_vocab.idx_to_token or \
-                saved_tgt.idx_to_token != tgt_vocab.idx_to_token:
-            raise checkpoint.CheckpointError(f"{out_dir}: its vocabularies differ from the data's; "
-                                             "was it trained on another dataset?")
-        if summary.get("seed") != seed:
-            raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
-                                             f"{summary.get('seed')}, not {seed}")
-        trainer = config_trainer(model, cfg, kvstore)
-        checkpoint.load_trainer_states(out_dir, trainer)
-        start_epoch = summary["epochs_done"] + 1
-        if start_epoch > cfg.num_epochs:
-            print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
-                  "give a larger --epochs to train on", file=log)
-            return summary
-    else:
-        model = build_model(cfg, len(src_vocab), len(tgt_vocab))
-        model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
-        trainer = config_trainer(model, cfg, kvstore)
-        summary = {"seed": seed, "preset": preset, "exact_chapter": cfg.exact_chapter,
-                   "epoch_history": [], "train_seconds": 0.0, "epochs_done": 0}
-        start_epoch = 1
-    summary["fast"] = fast
-    validator = Validator(model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
-                                              data_path, cfg.split_by).valid,
-                          tokenizer, src_vocab, tgt_vocab, cfg, ctxs[0]) if valid_every else None
-    stopping = EarlyStopping.from_state(patience, summary.get("best"))
-    history = LastParameters(model, average_last) if average_last else None
-    if validator is not None:
-        summary.setdefault("validation", [])
-    where = ",".join(map(str, ctxs)) + (f", worker {rank} of {num_workers}" if num_workers > 1 else "")
-    print(f"training {cfg.num_epochs} epochs (from epoch {start_epoch}) on {where}, "
-          f"{'fast graph' if fast else 'imperative'} path: {len(src_vocab)} source / "
-          f"{len(tgt_vocab)} target tokens, {len(train_iter)} batches per epoch"
-          + (f"; model directory {out_dir}" if out_dir else ""), file=log)
-    tic = [time.time()]
-
-    carry = [resume]  # OUT/best and OUT/average of a model this run replaces are not its own
-
-    def save():
-        checkpoint.save(out_dir, model, src_vocab, tgt_vocab, cfg, summary, trainer, tokenizer,
-                        keep=SUBMODELS if carry[0] else ())
-        carry[0] = True
-
-    def save_sub(name, **extra):  # OUT/best, OUT/average: model directories of their own
-        path = os.path.join(out_dir, name)
-        sub = {k: v for k, v in summary.items() if k not in ("rng_state", "translations")}
-        checkpoint.save(path, model, src_vocab, tgt_vocab, cfg, dict(sub, **extra),
-                        tokenizer=tokenizer)
-        return path
-
-    def say(line):
-        if bar is not None:
-            bar.write(line)
+    with contextlib.ExitStack() as held:
+        if writer:  # one writer per model directory, from before anything is written
+            try:
+                held.enter_context(lock.locked(out_dir, "trained"))
+            except lock.Locked as e:
+                raise RunError(str(e)) from None
+            check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
+        set_seed(seed)
+        tokenizer = checkpoint.load_tokenizer(out_dir, cfg) if resume else None
+        src_vocab, tgt_vocab, train_iter, tokenizer = load_data(
+            cfg, batch_size, data_path, rank=rank, num_workers=num_workers, fast=fast,
+            tokenizer=tokenizer)
+        updates = len(train_iter) * cfg.num_epochs
+        if cfg.warmup_steps > updates:
+            print(f"warning: warmup_steps {cfg.warmup_steps} is longer than the whole run "
+                  f"({len(train_iter)} batches x {cfg.num_epochs} epochs = {updates} updates): the "
+                  f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
+                  f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=log)
+        if valid_every is None:
+            valid_every = 1 if cfg.num_valid else 0
+        if valid_every and not cfg.num_valid:
+            raise RunError("--valid-every needs a valid part: this config has num_valid 0 (give "
+                           "e.g. --set num_valid=2000)")
+        if patience is not None and not valid_every:
+            raise RunError("--patience needs validation (--valid-every N, and a valid part)")
+        if resume:
+            model, saved_src, saved_tgt, _, summary = checkpoint.load(out_dir, ctxs)
+            if saved_src.idx_to_token != src_vocab.idx_to_token or \
+                    saved_tgt.idx_to_token != tgt_vocab.idx_to_token:
+                raise checkpoint.CheckpointError(f"{out_dir}: its vocabularies differ from the data's; "
+                                                 "was it trained on another dataset?")
+            if summary.get("seed") != seed:
+                raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
+                                                 f"{summary.get('seed')}, not {seed}")
+            trainer = config_trainer(model, cfg, kvstore)
+            checkpoint.load_trainer_states(out_dir, trainer)
+            start_epoch = summary["epochs_done"] + 1
+            if start_epoch > cfg.num_epochs:
+                print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
+                      "give a larger --epochs to train on", file=log)
+                return summary
         else:
-            print(line, file=log)
+            model = build_model(cfg, len(src_vocab), len(tgt_vocab))
+            model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
+            trainer = config_trainer(model, cfg, kvstore)
+            summary = {"seed": seed, "preset": preset, "exact_chapter": cfg.exact_chapter,
+                       "epoch_history": [], "train_seconds": 0.0, "epochs_done": 0}
+            start_epoch = 1
+        summary["fast"] = fast
+        validator = Validator(model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
+                                                  data_path, cfg.split_by).valid,
+                              tokenizer, src_vocab, tgt_vocab, cfg, ctxs[0]) if valid_every else None
+        stopping = EarlyStopping.from_state(patience, summary.get("best"))
+        history = LastParameters(model, average_last) if average_last else None
+        if validator is not None:
+            summary.setdefault("validation", [])
+        where = ",".join(map(str, ctxs)) + (f", worker {rank} of {num_workers}" if num_workers > 1 else "")
+        print(f"training {cfg.num_epochs} epochs (from epoch {start_epoch}) on {where}, "
+              f"{'fast graph' if fast else 'imperative'} path: {len(src_vocab)} source / "
+              f"{len(tgt_vocab)} target tokens, {len(train_iter)} batches per epoch"
+              + (f"; model directory {out_dir}" if out_dir else ""), file=log)
+        tic = [time.time()]
 
-    def on_epoch(epoch, loss):
-        summary["epoch_history"].append((epoch, loss))
-        summary["train_seconds"] += time.time() - tic[0]
-        summary["epochs_done"] = epoch
-        summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
+        carry = [resume]  # OUT/best and OUT/average of a model this run replaces are not its own
+
+        def save():
+            checkpoint.save(out_dir, model, src_vocab, tgt_vocab, cfg, summary, trainer, tokenizer,
+                            keep=SUBMODELS if carry[0] else ())
+            carry[0] = True
+
+        def save_sub(name, **extra):  # OUT/best, OUT/average: model directories of their own
+            path = os.path.join(out_dir, name)
+            sub = {k: v for k, v in summary.items() if k not in ("rng_state", "translations")}
+            checkpoint.save(path, model, src_vocab, tgt_vocab, cfg, dict(sub, **extra),
+                            tokenizer=tokenizer)
+            return path
+
+        def say(line):
+            if bar is not None:
+                bar.write(line)
+            else:
+                print(line, file=log)
+
+        def on_epoch(epoch, loss):
+            summary["epoch_history"].append((epoch, loss))
+            summary["train_seconds"] += time.time() - tic[0]
+            summary["epochs_done"] = epoch
+            summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
+            if history is not None:
+                history.add(epoch)
+            improved = False
+            if validator is not None and epoch % valid_every == 0:
+                record = dict(validator(), epoch=epoch, train_seconds=round(summary["train_seconds"], 1))
+                summary["validation"].append(record)
+                improved = stopping.update(epoch, record["valid_bleu"])
+                summary["best"] = stopping.state()
+                say(format_validation(epoch, record, improved))
+            if writer and (epoch % checkpoint_every == 0 or epoch == cfg.num_epochs or improved):
+                save()
+            if writer and improved:
+                save_sub("best", best_epoch=epoch)
+            tic[0] = time.time()
+            if stopping.should_stop:
+                summary["stopped_early"] = epoch
+                say(f"stopping after epoch {epoch}: no better valid BLEU in {patience} validations "
+                    f"(best {stopping.best_bleu:.2f} at epoch {stopping.best_epoch}, kept in "
+                    f"{os.path.join(out_dir, 'best') if out_dir else 'no model directory'})")
+                return True  # `train_s2s_ch8` ends the training here
+            return False
+
+        if resume and "rng_state" in summary:
+            set_rng_state(summary["rng_state"])
+        bar = ProgressBar(cfg.num_epochs, len(train_iter), start_epoch) if progress else None
+        try:
+            result = train_s2s_ch8(
+                model, train_iter, cfg.lr, cfg.num_epochs, ctxs, on_epoch, trainer=trainer,
+                loss=MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction),
+                start_epoch=start_epoch, epoch_seed=seed * SEED_STRIDE,
+                reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
+                fast=fast, kvstore=kvstore, on_batch=bar, clip_per_token=cfg.clip_per_token)
+        finally:
+            if bar is not None:
+                bar.close()
+        summary.update({k: result[k] for k in ("loss", "loss_per_token", "perplexity", "tokens_per_sec",
+                                               "ctx")})
         if history is not None:
-            history.add(epoch)
-        improved = False
-        if validator is not None and epoch % valid_every == 0:
-            record = dict(validator(), epoch=epoch, train_seconds=round(summary["train_seconds"], 1))
-            summary["validation"].append(record)
-            improved = stopping.update(epoch, record["valid_bleu"])
-            summary["best"] = stopping.state()
-            say(format_validation(epoch, record, improved))
-        if writer and (epoch % checkpoint_every == 0 or epoch == cfg.num_epochs or improved):
+            if len(history.epochs) < average_last:
+                print(f"warning: averaging the last {len(history.epochs)} epochs, not "
+                      f"{average_last} (this run trained only those)", file=log)
+            with history.swapped_in(history.average()):
+                average = {"averaged_epochs": history.epochs}
+                if validator is not None:
+                    average.update(validator())
+                    print(format_validation(f"average of epochs {history.epochs[0]}-"
+                                            f"{history.epochs[-1]}", average, False), file=log)
+                summary["average"] = average
+                if writer:
+                    save_sub("average", **{"average": average})
+        summary["epochs"] = cfg.num_epochs
+        summary["history"] = [(e, loss) for e, loss in summary["epoch_history"] if e % 10 == 0]
+        if num_workers > 1:
+            summary.update(num_workers=num_workers, kvstore=kvstore.type)
+        if rank == 0:
+            summary["translations"] = book_translations(model, src_vocab, tgt_vocab, cfg, ctxs[0],
+                                                        tokenizer)
+        if writer:
             save()
-        if writer and improved:
-            save_sub("best", best_epoch=epoch)
-        tic[0] = time.time()
-        if stop_after and epoch >= stop_after:
-            raise TrainingStopped(epoch)
-        if stopping.should_stop:
-            summary["stopped_early"] = epoch
-            say(f"stopping after epoch {epoch}: no better valid BLEU in {patience} validations "
-                f"(best {stopping.best_bleu:.2f} at epoch {stopping.best_epoch}, kept in "
-                f"{os.path.join(out_dir, 'best') if out_dir else 'no model directory'})")
-            return True  # `train_s2s_ch8` ends the training here
-        return False
-
-    if resume and "rng_state" in summary:
-        set_rng_state(summary["rng_state"])
-    bar = ProgressBar(cfg.num_epochs, len(train_iter), start_epoch) if progress else None
-    try:
-        result = train_s2s_ch8(
-            model, train_iter, cfg.lr, cfg.num_epochs, ctxs, on_epoch, trainer=trainer,
-            loss=MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction),
-            start_epoch=start_epoch, epoch_seed=seed * SEED_STRIDE,
-            reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
-            fast=fast, kvstore=kvstore, on_batch=bar, clip_per_token=cfg.clip_per_token)
-    finally:
-        if bar is not None:
-            bar.close()
-    summary.update({k: result[k] for k in ("loss", "loss_per_token", "perplexity", "tokens_per_sec",
-                                           "ctx")})
-    if history is not None:
-        if len(history.epochs) < average_last:
-            print(f"warning: averaging the last {len(history.epochs)} epochs, not "
-                  f"{average_last} (this run trained only those)", file=log)
-        with history.swapped_in(history.average()):
-            average = {"averaged_epochs": history.epochs}
-            if validator is not None:
-                average.update(validator())
-                print(format_validation(f"average of epochs {history.epochs[0]}-"
-                                        f"{history.epochs[-1]}", average, False), file=log)
-            summary["average"] = average
-            if writer:
-                save_sub("average", **{"average": average})
-    summary["epochs"] = cfg.num_epochs
-    summary["history"] = [(e, loss) for e, loss in summary["epoch_history"] if e % 10 == 0]
-    if num_workers > 1:
-        summary.update(num_workers=num_workers, kvstore=kvstore.type)
-    if rank == 0:
-        summary["translations"] = book_translations(model, src_vocab, tgt_vocab, cfg, ctxs[0],
-                                                    tokenizer)
-    if writer:
-        save()
-    return summary
+        return summary

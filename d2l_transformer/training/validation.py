@@ -17,6 +17,7 @@ from mxnet import np
 from ..contrib.averaging import average_arrays
 from ..data import build_array
 from ..evaluate import translate_and_score
+from ..inference.engines import MXNetEngine
 from .loss import MaskedSoftmaxCELoss
 
 
@@ -57,8 +58,9 @@ class Validator:
 
     def __call__(self):
         loss = self.valid_loss()
-        result, _ = translate_and_score(self.model, self.sources, self.references, self.tokenizer,
-                                        self.src_vocab, self.tgt_vocab, self.cfg, self.ctx, 1,
+        engine = MXNetEngine(self.model, self.src_vocab, self.tgt_vocab, self.cfg, self.tokenizer,
+                             self.ctx)
+        result, _ = translate_and_score(engine, self.sources, self.references, 1,
                                         lowercase=self.tokenizer.lowercase)
         return {"valid_loss": loss, "valid_bleu": result["bleu"], "valid_chrf": result["chrf"],
                 "sentences": result["sentences"], "seconds": result["seconds"]}

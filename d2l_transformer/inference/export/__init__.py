@@ -10,12 +10,17 @@ Both read the model directory through `source.read_model_dir` (one version of it
 export appears whole through `io.atomic.write_dir`, with its manifest (`io.manifest`). An
 existing `out_dir` is replaced only when it is an export written here (or empty); anything else
 is refused in one line and left untouched.
+
+`kept_export(model_dir)` is the float32 CTranslate2 export that ``--engine ctranslate2`` reads
+(`inference.engines`): made on first use, kept beside the model directory as the hidden sibling
+``.NAME.ctranslate2``, reused while it was made from the model directory's current version (the
+SHA-256 of its ``manifest.json``, recorded in the export's manifest) and rebuilt otherwise.
 """
 
 import os
 
-from ...io import atomic
-from ...io.manifest import ManifestError, build_manifest, read_manifest
+from ...io import atomic, lock
+from ...io.manifest import MANIFEST, ManifestError, build_manifest, check_manifest, read_manifest
 from . import ctranslate2 as _ct2
 from . import mxnet as _mxnet
 from .source import ExportError, read_config, read_model_dir
@@ -24,7 +29,9 @@ FORMATS = ("mxnet", "ctranslate2")
 DEFAULT_FORMAT = "mxnet"  # what `export` wrote before there was a choice (docs/export.md)
 EXPORT_FORMATS = (_mxnet.FORMAT, _ct2.FORMAT)  # the manifests' "format"
 
-__all__ = ["DEFAULT_FORMAT", "FORMATS", "ExportError", "export", "is_export"]
+KEPT_SUFFIX = ".ctranslate2"  # the kept export of model directory NAME: .NAME.ctranslate2
+
+__all__ = ["DEFAULT_FORMAT", "FORMATS", "ExportError", "export", "is_export", "kept_export"]
 
 
 def is_export(directory):
@@ -80,3 +87,56 @@ def export(model_dir, out_dir, ctx=None, *, format=DEFAULT_FORMAT, quantization=
 
     atomic.write_dir(out_dir, fill, replaceable=is_export)  # never anything but an export
     return written["manifest"]
+
+
+def kept_path(model_dir):
+    """Where `kept_export` keeps the export of `model_dir`: ``.NAME.ctranslate2`` beside it."""
+    parent, base = os.path.split(os.path.abspath(model_dir).rstrip(os.sep))
+    return os.path.join(parent, f".{base}{KEPT_SUFFIX}")
+
+
+def _current(path, key):
+    """The manifest of the export at `path` when it is a whole float32 CTranslate2 export of
+    the model version whose manifest has SHA-256 `key`; else None (to be rebuilt)."""
+    directory = atomic.resolve_dir(path)
+    try:
+        manifest = read_manifest(directory)
+        if (manifest.get("format"), manifest.get("quantization"),
+                manifest.get("model_manifest_sha256")) != (_ct2.FORMAT, "float32", key):
+            return None
+        check_manifest(directory)  # every file whole (a damaged export is rebuilt)
+    except ManifestError:
+        return None
+    return directory, manifest
+
+
+def kept_export(model_dir):
+    """``(export directory, its manifest)``: the float32 CTranslate2 export of `model_dir`,
+    exported now unless the one kept beside it (`kept_path`) was made from the directory's
+    current version. ExportError (one line) for a model CTranslate2 cannot run, a missing
+    ``ctranslate2`` package, a ``.NAME.ctranslate2`` that is not an export (never replaced) or
+    cannot be written, or another process exporting it at that moment (`io.lock`)."""
+    _ct2.import_ctranslate2("--engine ctranslate2")
+    directory, cfg = read_config(model_dir, "--engine ctranslate2")  # one version
+    _ct2.check(cfg, None)
+    key = atomic.sha256(os.path.join(directory, MANIFEST))
+    path = kept_path(model_dir)
+    kept = _current(path, key)
+    if kept:
+        return kept
+    try:
+        with lock.locked(path, "exported"):  # one exporter at a time (another process: refused)
+            kept = _current(path, key)  # exported meanwhile by the lock's previous holder
+            if kept:
+                return kept
+            atomic.check_replaceable(path, is_export)
+            export(directory, path, format="ctranslate2")  # the version read above
+    except lock.Locked as e:
+        raise ExportError(str(e)) from None
+    except atomic.NotReplaceable:
+        raise ExportError(f"{path} is not an export written by d2l-transformer; move it away "
+                          f"to keep the CTranslate2 export of {model_dir} there") from None
+    except PermissionError as e:
+        raise ExportError(f"cannot keep the CTranslate2 export of {model_dir} at {path}: "
+                          f"{e.strerror}") from None
+    return _current(path, key)  # exported from `directory`: its manifest records `key`

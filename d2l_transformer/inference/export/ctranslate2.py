@@ -29,7 +29,9 @@ import tempfile
 import numpy as onp
 
 from ...io import atomic
-from ..translator import EXTRA_LENGTH
+from ...io.manifest import MANIFEST
+from ...variants import FixNormEmbedding
+from ..limits import BANNED, EXTRA_LENGTH, decode_limit
 from .source import ExportError, copy_file, write_tokenizer_files
 
 FORMAT = "d2l_transformer export ctranslate2 1"
@@ -37,15 +39,15 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
                  "bfloat16", "float32")  # CTranslate2's weight types (`ModelSpec.optimize`)
 SPECIAL_TOKENS = ("<unk>", "<pad>", "<bos>", "<eos>")
 LAYER_NORM_EPSILON = 1e-5  # Gluon's LayerNorm default, the chapter's
-INSTALL = "pip install 'd2l-transformer[ctranslate2]' (or pip install 'ctranslate2==4.*')"
+INSTALL = "pip install 'd2l_transformer[ctranslate2]'"
 
 
-def import_ctranslate2():
-    """The `ctranslate2` module, or ExportError saying how to install it."""
+def import_ctranslate2(what="--format ctranslate2"):
+    """The `ctranslate2` module, or ExportError saying how to install it (for `what`)."""
     try:
         import ctranslate2
     except ImportError:
-        raise ExportError(f"--format ctranslate2 needs the ctranslate2 package: {INSTALL}") from None
+        raise ExportError(f"{what} needs the ctranslate2 package: {INSTALL}") from None
     return ctranslate2
 
 
@@ -59,14 +61,15 @@ def check(cfg, quantization):
                           f"{', '.join(QUANTIZATIONS)}")
 
 
-def decoding_options(cfg, longest):
+def decoding_options(cfg, longest, max_positions=None):
     """`ctranslate2.Translator.translate_batch` options that decode as the package's greedy
     `Translator` does, for a batch whose longest source has `longest` tokens (the package's
-    limit is per sentence, max(num_steps, length + 10): equal for a batch of sentences of one
-    length class, and for any sentence that ends before the batch's limit)."""
+    limit is per sentence, max(num_steps, length + 10), at most the model's `max_positions`:
+    equal for a batch of sentences of one limit, and for any sentence that ends before the
+    batch's limit)."""
     return {"beam_size": 1, "min_decoding_length": 0, "length_penalty": 0,
-            "max_decoding_length": max(cfg.num_steps, longest + EXTRA_LENGTH),
-            "max_input_length": 0, "suppress_sequences": [["<pad>"], ["<bos>"]]}
+            "max_decoding_length": decode_limit(cfg.num_steps, longest, max_positions),
+            "max_input_length": 0, "suppress_sequences": [[t] for t in BANNED]}
 
 
 def _array(param):
@@ -112,7 +115,7 @@ def _embeddings(spec, stack):
     """The embedding table (unit-norm rows with FixNorm, which our blocks compute per lookup)
     and the chapter's position table P (max_len, d); CTranslate2 scales by sqrt(d)."""
     table = _array(stack.embed.weight)
-    if stack.fixnorm:  # `model._embed`: E / max(||E||, 1e-5), then * sqrt(d)
+    if isinstance(stack.embed, FixNormEmbedding):  # E / max(||E||, 1e-5), then * sqrt(d)
         table = table / onp.maximum(onp.sqrt((table * table).sum(-1, keepdims=True)), 1e-5)
     (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = table
     spec.scale_embeddings = True
@@ -142,7 +145,7 @@ def build_spec(source, quantization=None):
         _attention(layer.attention, blk.attention_2, False)
         _norm(layer.attention.layer_norm, blk.addnorm_2.norm)
         _ffn(layer.ffn, blk.ffn, blk.addnorm_3.norm)
-    if cfg.pre_norm:  # the final norms after the last block (`model._BlockStack`)
+    if cfg.pre_norm:  # the final norms after the last block (the variants' `final_norm`)
         _norm(spec.encoder.layer_norm, enc.final_norm)
         _norm(spec.decoder.layer_norm, dec.final_norm)
     _linear(spec.decoder.projection, dec.dense)
@@ -174,10 +177,13 @@ def write(source, directory, quantization=None):
 
 
 def _manifest(source, quantization, ct2_version, tokenizer_files):
-    from ... import __version__
+    from ..._version import __version__
     cfg, src_vocab, tgt_vocab = source.cfg, source.src_vocab, source.tgt_vocab
+    model_manifest = os.path.join(source.directory, MANIFEST)
     return {
         "format": FORMAT,
+        "model_manifest_sha256": (atomic.sha256(model_manifest)  # the model version exported
+                                  if os.path.exists(model_manifest) else None),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ctranslate2_version": ct2_version,
         "d2l_transformer_version": __version__,
@@ -188,7 +194,7 @@ def _manifest(source, quantization, ct2_version, tokenizer_files):
                   "num_heads": cfg.num_heads, "pre_norm": cfg.pre_norm,
                   "fixnorm": cfg.fixnorm, "source_vocab_size": len(src_vocab),
                   "target_vocab_size": len(tgt_vocab),
-                  "max_positions": source.model.decoder.pos_encoding.max_len,
+                  "max_positions": source.model.decoder.pos_encoding.P.shape[1],
                   "tokenizer": cfg.tokenizer, "preset": source.summary.get("preset")},
         "config": json.loads(cfg.to_json()),
         "special_tokens": {t: src_vocab[t] for t in SPECIAL_TOKENS},

@@ -3,20 +3,20 @@
 `export(model_dir, out_dir, format="mxnet")` (`inference.export`) writes::
 
     encoder-symbol.json, encoder-0000.params
-        `model.EncoderKV`: source ids and valid lengths -> each decoder block's keys and values
+        `inference.step.EncoderKV`: source ids and valid lengths -> each decoder block's keys and values
         of the encoder's output (projected once per sentence)
     decoder_step-symbol.json, decoder_step-0000.params
-        `model.DecoderStep`, the translator's step graph: one target position with the
+        `inference.step.DecoderStep`, the translator's step graph: one target position with the
         key/value caches -> the next token's log-probabilities and the updated caches
     src_vocab.json, tgt_vocab.json, config.json    copied from the model directory
     *.model                                        its tokenizer files (sentencepiece), if any
     manifest.json    versions, the graphs' inputs and outputs (names, shapes, meaning), the
                      decoding conventions, size and SHA-256 of every file
 
-Both graphs are traced without the package's fused CPU kernels, so they contain MXNet's own
-operators only; they load with ``mx.gluon.SymbolBlock.imports`` (numpy mode, ``npx.set_np()``).
-scripts/exported_translate.py decodes with them using nothing of this package; docs/export.md
-shows how to call them from another program.
+Both graphs contain MXNet's own operators only; they load with
+``mx.gluon.SymbolBlock.imports`` (numpy mode, ``npx.set_np()``). scripts/exported_translate.py
+decodes with them using nothing of this package; docs/export.md shows how to call them from
+another program.
 """
 
 import datetime
@@ -26,8 +26,8 @@ import mxnet as mx
 from mxnet import np
 
 from ...io import checkpoint
-from ...model import DecoderStep, EncoderKV
-from ..translator import EXTRA_LENGTH, _hybridize_alone, _run
+from ..limits import EXTRA_LENGTH
+from ..step import DecoderStep, EncoderKV, call, hybridized
 from .source import copy_file, write_tokenizer_files
 
 FORMAT = "d2l_transformer export 1"
@@ -78,15 +78,15 @@ def _trace_and_export(model, cfg, src_vocab, tgt_vocab, directory, ctx):
     """Build both graphs (MXNet's operators only), run them once and export them."""
     model_x = np.array([[src_vocab["<pad>"]] * cfg.num_steps], ctx=ctx)  # (1, num_steps)
     valid = np.array([cfg.num_steps], ctx=ctx)  # (1,)
-    encoder = _hybridize_alone(EncoderKV(model))
-    step = _hybridize_alone(DecoderStep(model.decoder))
+    encoder = hybridized(EncoderKV(model))
+    step = hybridized(DecoderStep(model.decoder))
     with ctx:
-        kv = list(_run(encoder, model_x, valid))
+        kv = list(call(encoder, model_x, valid))
         empty = np.zeros((1, 2, kv[0].shape[-1]), ctx=ctx)  # (rows, max_length, hidden)
         caches = []
         for i in range(0, len(kv), 2):
             caches += [empty, empty, kv[i], kv[i + 1]]
-        _run(step, np.array([[tgt_vocab["<bos>"]]], ctx=ctx), np.array([0], ctx=ctx), valid,
+        call(step, np.array([[tgt_vocab["<bos>"]]], ctx=ctx), np.array([0], ctx=ctx), valid,
              *caches)
         mx.nd.waitall()
     for graph, name in ((encoder, ENCODER), (step, STEP)):
@@ -111,7 +111,7 @@ def write(source, directory, ctx):
 
 
 def _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
-    from ... import __version__
+    from ..._version import __version__
     graphs = _io_spec(num_layers, hidden, len(tgt_vocab))
     for name in (ENCODER, STEP):
         graphs[name].update(symbol=f"{name}-symbol.json", params=f"{name}-0000.params")
@@ -125,7 +125,7 @@ def _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
         "graphs": graphs,
         "model": {"layers": num_layers, "hidden_size": hidden, "num_heads": cfg.num_heads,
                   "source_vocab_size": len(src_vocab), "target_vocab_size": len(tgt_vocab),
-                  "max_positions": model.decoder.pos_encoding.max_len,
+                  "max_positions": model.decoder.pos_encoding.P.shape[1],
                   "tokenizer": getattr(cfg, "tokenizer", "word"),
                   "preset": summary.get("preset")},
         "special_tokens": {t: src_vocab[t] for t in ("<unk>", "<pad>", "<bos>", "<eos>")},

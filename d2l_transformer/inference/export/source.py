@@ -10,6 +10,7 @@ import collections
 import os
 
 from ...io import atomic, checkpoint
+from ..limits import ExactChapterError, require_corrected
 
 
 class ExportError(ValueError):
@@ -23,18 +24,19 @@ ModelSource.__doc__ = """A loaded model directory: `directory` is the version re
 the one it was trained with (`io.checkpoint.load_tokenizer`; its ``files()`` are copied)."""
 
 
-def read_config(model_dir):
+def read_config(model_dir, what="export"):
     """``(version directory, TransformerConfig)``, before the weights are read (a model that a
     format cannot express is refused without loading it). CheckpointError for a directory that
-    is not a model directory; ExportError for an exact-chapter model."""
+    is not a model directory; ExportError for an exact-chapter model (`limits.require_corrected`
+    of `what`: no engine reproduces the book's decoder)."""
     directory = atomic.resolve_dir(model_dir)
     if os.path.isdir(directory):
         directory = os.path.realpath(directory)  # one version, whatever the next save does
     cfg = checkpoint.load_config(directory)
-    if cfg.exact_chapter:
-        raise ExportError(f"{model_dir} was trained with --exact-chapter: export needs the "
-                          "corrected model (the book's decoder tiles the valid lengths across "
-                          "heads and restarts the positions every step; no engine reproduces it)")
+    try:
+        require_corrected(cfg, what)
+    except ExactChapterError as e:
+        raise ExportError(f"{model_dir}: {e}") from None
     return directory, cfg
 
 

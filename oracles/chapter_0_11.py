@@ -1,7 +1,8 @@
-"""The chapter's own code (d2l-en, chapter_attention-mechanism/transformer.md, Nov 2019,
-Apache-2.0), used only as an independent oracle in tests: its classes as printed in the book,
-on top of the `d2l` package the chapter imported (0.11.4, where `train_s2s_ch8` is named
-`train_s2s_ch9`). Nothing in d2l_transformer imports this file."""
+"""The chapter's own code, d2l 0.11 edition (d2l-en, chapter_attention-mechanisms/transformer.md,
+section 9.3 "Transformer", Nov 2019; code Apache-2.0): its classes as printed in the book, on top
+of the `d2l` package the chapter imported (0.11.4, where `train_s2s_ch8` is named
+`train_s2s_ch9`). An independent oracle for tests and scripts/chapter_oracle.py (which runs the
+section's training cell); nothing in d2l_transformer imports this file."""
 # ruff: noqa
 import math
 

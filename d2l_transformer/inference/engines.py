@@ -1,0 +1,171 @@
+"""Translation engines: one interface for the command line, `evaluate` and the server.
+
+``open_engine(model_dir, engine)`` gives an object that translates token lists:
+``translate(sentences, beam_size=1, alpha=ALPHA, *, n_best=None)`` -> one `Hypothesis(tokens,
+score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
+``log P(Y | x) / ((5 + |Y|) / 6) ** alpha`` with |Y| counting ``<eos>`` (the Transformer paper,
+6.1). Both engines also carry the model's `cfg`, `src_vocab`, `tgt_vocab`, `tokenizer` and
+`max_positions`, so that the callers check and tokenize sentences by the package's one rule
+(`limits`).
+
+* ``"mxnet"`` (`MXNetEngine`): the package's `Translator` over the MXNet model (a model trained
+  with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also gives the
+  attention weights of a translation (`MXNetEngine.attention`).
+* ``"ctranslate2"`` (`CTranslate2Engine`): OpenNMT's CTranslate2 over the model's float32 export,
+  made on first use and kept beside the model directory (`export.kept_export`). Greedy decoding
+  gives the MXNet engine's tokens. Beam search is CTranslate2's (its beam keeps the best partial
+  hypotheses by log P, without length penalty); its `beam_size` finished hypotheses are then
+  ranked by GNMT's score, as the MXNet engine ranks its own (docs/export.md).
+"""
+
+import json
+import os
+
+from ..config import TransformerConfig
+from ..data import Vocab
+from ..data import load_tokenizer as _tokenizer_of
+from ..io import checkpoint
+from .decode import chapter_greedy
+from .limits import BANNED, SentenceError, check_length, decode_limit, require_corrected
+from .text import translator_options
+from .translator import ALPHA, Hypothesis, Translator, length_penalty
+
+ENGINES = ("mxnet", "ctranslate2")
+DEFAULT_ENGINE = "mxnet"
+BATCH = 64  # sentences decoded together
+
+
+def _check_search(beam_size, n_best):
+    if beam_size < 1:
+        raise ValueError(f"beam size must be at least 1, not {beam_size}")
+    if n_best is not None and not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be 1 to the beam size {beam_size}, not {n_best}")
+
+
+class MXNetEngine:
+    """The package's `Translator` on a loaded model (`MXNetEngine.load`: from a model
+    directory). `no_unk`: never emit ``<unk>`` (`text.no_unk_for`)."""
+
+    name = "mxnet"
+
+    def __init__(self, model, src_vocab, tgt_vocab, cfg, tokenizer, ctx, *, no_unk=False,
+                 batch_size=BATCH):
+        self.model, self.src_vocab, self.tgt_vocab, self.cfg = model, src_vocab, tgt_vocab, cfg
+        self.tokenizer, self.ctx = tokenizer, ctx
+        self.max_positions = model.encoder.pos_encoding.P.shape[1]
+        self.summary = {}  # summary.json's, when loaded from a model directory
+        self.translator = None
+        if no_unk:
+            require_corrected(cfg, "--no-unk")
+        if not cfg.exact_chapter:
+            self.translator = Translator(model, src_vocab, tgt_vocab, ctx, batch_size=batch_size,
+                                         **translator_options(cfg, no_unk))
+
+    @classmethod
+    def load(cls, model_dir, ctx=None, **kwargs):
+        """The engine of the model directory `model_dir` (CheckpointError: one line)."""
+        import mxnet as mx
+        ctx = ctx or mx.cpu()
+        model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir, ctx)
+        engine = cls(model, src_vocab, tgt_vocab, cfg, checkpoint.load_tokenizer(model_dir, cfg),
+                     ctx, **kwargs)
+        engine.summary = summary
+        return engine
+
+    def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
+        """`Translator.translate`; for an exact-chapter model the chapter's greedy loop (score
+        None)."""
+        _check_search(beam_size, n_best)
+        if self.translator is not None:
+            return self.translator.translate(sentences, beam_size, alpha, n_best=n_best)
+        if beam_size > 1:
+            require_corrected(self.cfg, "beam search")
+        hyps = [Hypothesis(chapter_greedy(self.model, s, self.src_vocab, self.tgt_vocab,
+                                          self.cfg.num_steps, self.ctx), None) for s in sentences]
+        return hyps if n_best is None else [[h] for h in hyps]
+
+    def attention(self, src_tokens, tgt_tokens):
+        """`Translator.attention`: every layer's and head's weights for a translation."""
+        require_corrected(self.cfg, "attention maps")
+        return self.translator.attention(src_tokens, tgt_tokens)
+
+
+class CTranslate2Engine:
+    """CTranslate2's ``Translator`` over the float32 export kept beside `model_dir`
+    (`export.kept_export`: exported on first use, again when the model directory changes).
+    ExportError (one line) for an exact-chapter or ScaleNorm model, or without the
+    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0: its default)."""
+
+    name = "ctranslate2"
+
+    def __init__(self, model_dir, *, no_unk=False, batch_size=BATCH, device="cpu",
+                 intra_threads=0):
+        from .export import kept_export
+        from .export.ctranslate2 import import_ctranslate2
+        ctranslate2 = import_ctranslate2("--engine ctranslate2")
+        self.directory, manifest = kept_export(model_dir)
+        self.cfg = TransformerConfig.from_json(json.dumps(manifest["config"]))
+        self.src_vocab, self.tgt_vocab = (
+            Vocab.from_dict({"idx_to_token": self._read_json(f"{side}_vocabulary.json")})
+            for side in ("source", "target"))
+        self.tokenizer = _tokenizer_of(self.directory, self.cfg)  # its copies of the spm models
+        self.max_positions = manifest["model"]["max_positions"]
+        self.summary = {"preset": manifest["model"].get("preset")}
+        self.no_unk = translator_options(self.cfg, no_unk)["no_unk"]
+        self.batch_size = batch_size
+        self.translator = ctranslate2.Translator(self.directory, device=device,
+                                                 intra_threads=intra_threads)
+
+    def _read_json(self, name):
+        with open(os.path.join(self.directory, name), encoding="utf-8") as f:
+            return json.load(f)
+
+    def _limit(self, source_length):
+        """The package's decode length limit (`limits.decode_limit`), as the `Translator`'s."""
+        return decode_limit(self.cfg.num_steps, source_length, self.max_positions)
+
+    def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
+        """The same contract as `Translator.translate` (SentenceError naming the sentence for
+        one no model can translate); sentences are decoded in groups of one length limit."""
+        _check_search(beam_size, n_best)
+        sentences = [list(s) for s in sentences]
+        for i, tokens in enumerate(sentences):
+            try:
+                check_length(tokens, self.max_positions, max_tokens=None)
+            except SentenceError as e:
+                raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
+        groups = {}
+        for i, s in enumerate(sentences):
+            groups.setdefault(self._limit(len(s)), []).append(i)
+        out = [None] * len(sentences)
+        for limit, idx in groups.items():
+            results = self.translator.translate_batch(
+                [sentences[i] for i in idx], max_batch_size=self.batch_size,
+                beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0,
+                return_scores=True, max_decoding_length=limit, min_decoding_length=0,
+                max_input_length=0, disable_unk=self.no_unk,
+                suppress_sequences=[[t] for t in BANNED])
+            for i, result in zip(idx, results):
+                hyps = sorted((Hypothesis(list(tokens), self._score(log_p, len(tokens), limit,
+                                                                    alpha))
+                               for tokens, log_p in zip(result.hypotheses, result.scores)),
+                              key=lambda h: -h.score)  # GNMT's ranking (stable)
+                out[i] = hyps[0] if n_best is None else hyps[:n_best]
+        return out
+
+    @staticmethod
+    def _score(log_p, length, limit, alpha):
+        """GNMT's ``log P / ((5 + |Y|) / 6) ** alpha`` of a hypothesis of `length` tokens and
+        log-probability `log_p` (|Y| counts ``<eos>``, which a translation cut at the limit
+        does not have)."""
+        return log_p / length_penalty(length if length >= limit else length + 1, alpha)
+
+
+def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH):
+    """The engine `engine` (`ENGINES`) over the model directory `model_dir`. Errors are one
+    line: CheckpointError, ExactChapterError, ExportError (``ctranslate2``)."""
+    if engine == "mxnet":
+        return MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
+    if engine == "ctranslate2":
+        return CTranslate2Engine(model_dir, no_unk=no_unk, batch_size=batch_size)
+    raise ValueError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")

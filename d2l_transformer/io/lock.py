@@ -1,0 +1,81 @@
+"""One writer per model directory: an OS advisory lock held while a run trains it.
+
+The lock is ``fcntl.flock`` on ``.NAME.lock`` beside the model directory ``NAME`` (in its
+parent, with the save's other siblings). The operating system releases it when the process
+ends, however it ends, so a killed run never leaves a stale lock; the file holds the pid of its
+holder, for the refusal's message, and is removed by the holder when it is done. A file of that
+name the package did not write is never overwritten: it is refused.
+
+POSIX only (``fcntl``): on Windows `locked` takes no lock, and two runs into one directory are
+the user's to avoid.
+"""
+
+import contextlib
+import os
+import re
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+_TEXT = "d2l_transformer training, pid {pid}\n"
+_LINE = re.compile(r"d2l_transformer training, pid (\d+)\n\Z")
+
+
+class Locked(Exception):
+    """Another process holds the lock (or the lock file is not the package's); one line."""
+
+
+def lock_path(directory):
+    """``PARENT/.NAME.lock`` for the directory ``PARENT/NAME``."""
+    parent, base = os.path.split(os.path.abspath(directory))
+    return os.path.join(parent, f".{base}.lock")
+
+
+def _holder(fd):
+    """The pid written in the open lock file, or None (not written yet, or not ours)."""
+    match = _LINE.match(os.pread(fd, 200, 0).decode("utf-8", "replace"))
+    return int(match.group(1)) if match else None
+
+
+@contextlib.contextmanager
+def locked(directory, what="written"):
+    """Hold the lock of `directory` for the ``with`` block, else raise `Locked` at once (no
+    waiting): "DIRECTORY is being WHAT by another process (pid N)". Creates the parent
+    directory if it is missing."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    path = lock_path(directory)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size and _holder(fd) is None:
+                raise Locked(f"{path} exists and was not written by d2l_transformer: remove it, "
+                             "or give another directory")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _holder(fd)
+                raise Locked(f"{directory} is being {what} by another process"
+                             + (f" (pid {pid})" if pid else "")) from None
+            try:  # the holder before us may have removed the file we opened: then again
+                current = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if current:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _TEXT.format(pid=os.getpid()).encode("utf-8"), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # still ours: we hold its lock
+        os.close(fd)
