@@ -112,7 +112,8 @@ def greedy(model, src_tokens, src_vocab, tgt_vocab, num_steps, ctx, mode="state"
         if mode == "state":
             Y, state = model.decoder(dec_X, state)  # (1, 1, vocab)
         else:
-            Y = model.decoder(prefix, enc_outputs, enc_valid_length)[:, -1:]  # (1, 1, vocab)
+            fresh = model.decoder.init_state(enc_outputs, enc_valid_length)
+            Y = model.decoder(prefix, fresh)[0][:, -1:]  # the whole prefix again: (1, 1, vocab)
         dec_X = Y.argmax(axis=2).astype("float32")  # (1, 1)
         prefix = np.concatenate((prefix, dec_X), axis=1)  # (1, t + 2)
         token = int(dec_X.item())

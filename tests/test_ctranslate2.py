@@ -72,7 +72,8 @@ def our_log_probs(model, src_vocab, tgt_vocab, source, target):
     valid = np.array([len(source)])  # (1,)
     Y = np.array([[tgt_vocab["<bos>"]] + tgt_vocab[target]])  # (1, m + 1)
     enc_outputs = model.encoder(X, valid)  # (1, n, d)
-    log_probs = npx.log_softmax(model.decoder(Y, enc_outputs, valid))[0]  # (m + 1, vocab)
+    logits, _ = model.decoder(Y, model.decoder.init_state(enc_outputs, valid))  # (1, m + 1, V)
+    log_probs = npx.log_softmax(logits)[0]  # (m + 1, vocab)
     ids = tgt_vocab[target] + [tgt_vocab["<eos>"]]
     return log_probs.asnumpy()[onp.arange(len(ids)), ids]
 
