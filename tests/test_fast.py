@@ -211,25 +211,22 @@ def test_cached_uncached_batched_greedy_identical(data):
 
 
 def test_masked_softmax_in_graph_equals_imperative():
-    """The graph's softmax(length=...) gives the chapter's -1e6-fill probabilities: valid
-    lengths of both shapes, causal with and without cached positions."""
+    """The fast path's graph attention without the kernels (one softmax(length=...), sqrt(d) a
+    Python float) gives the chapter's -1e6-fill attention: valid lengths of both shapes,
+    causal with and without kept positions."""
+    from d2l_transformer.model import causal_valid_length
+    from d2l_transformer.training.fused import GraphDotProductAttention, fuse
 
-    class Soft(gluon.HybridBlock):
-        def __init__(self, causal):
-            super().__init__()
-            self.causal = causal
-
-        def hybrid_forward(self, F, X, valid_length=None):
-            return d2t.masked_softmax(X, valid_length, self.causal)
-
-    X = mx.np.random.normal(size=(4, 3, 5))
-    for valid_length in (None, mx.np.array([1, 2, 5, 3]), mx.np.array([[1, 2, 3]] * 4)):
-        for causal in (False, True):
-            block = Soft(causal)
-            args = (X,) if valid_length is None else (X, valid_length)
-            expected = block(*args).asnumpy()
-            block.hybridize()
-            onp.testing.assert_allclose(block(*args).asnumpy(), expected, rtol=1e-6, atol=1e-7)
+    X = mx.np.random.normal(size=(4, 3, 16))
+    K = mx.np.random.normal(size=(4, 5, 16))
+    for valid_length in (None, mx.np.array([1, 2, 5, 3]), causal_valid_length(X, 2)):
+        attention = d2t.MultiHeadAttention(16, 4, 0.0)
+        attention.initialize()
+        args = (X, K, K) if valid_length is None else (X, K, K, valid_length)
+        expected = attention(*args).asnumpy()
+        fuse(attention).hybridize()  # traced outside kernels.fused: MXNet's operators
+        assert type(attention.attention) is GraphDotProductAttention
+        onp.testing.assert_allclose(attention(*args).asnumpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.slow

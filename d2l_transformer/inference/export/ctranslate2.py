@@ -88,7 +88,7 @@ def _norm(spec, norm):
 
 def _qkv(mha):
     """(W_q, W_k, W_v) of a `MultiHeadAttention`, each (hidden, in)."""
-    if mha.fused_qkv:
+    if hasattr(mha, "W_qkv"):  # the fused-QKV variant
         return tuple(onp.split(_array(mha.W_qkv.weight), 3, axis=0))  # rows: W_q, W_k, W_v
     return _array(mha.W_q.weight), _array(mha.W_k.weight), _array(mha.W_v.weight)
 
