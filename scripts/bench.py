@@ -6,11 +6,14 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
 (a) training tokens/s at the chapter's hyperparameters: the chapter's own code (its classes on
     the d2l 0.11.4 oracle, d2l's loop), our faithful imperative path, the fast path, and the
     fast path without the fused CPU kernels (``D2L_TRANSFORMER_KERNELS=0``: MXNet's own
-    operators) — same data, same seed, same number of epochs; the first epoch is excluded as
-    warm-up. These rows run ``--repeats`` rounds (default 3), interleaved (book, faithful,
-    fast, fast without kernels, book, ...), because this machine's speed drifts by 2x within
-    minutes: a row's value is its median over the rounds, and a training ratio is the median
-    of the per-round ratios (rows measured within seconds of each other);
+    operators), and two baselines of the same model (scripts/baselines.py: PyTorch eager on the
+    row's threads, GluonNLP 0.10's Transformer hybridized; a baseline whose package is missing
+    is skipped with its reason) — same data, same seed, same number of epochs; the first epoch
+    is excluded as warm-up. These rows run ``--repeats`` rounds (default 3), interleaved (book,
+    faithful, fast, fast without kernels, PyTorch, GluonNLP, book, ...), because this
+    machine's speed drifts by 2x within minutes: a row's value is its median over the rounds,
+    and a training ratio is the median of the per-round ratios (rows measured within seconds
+    of each other);
 (b) greedy decoding ms/sentence at 50 target tokens (no early stop), one sentence at a time:
     the translator's key/value cache;
 (c) batched greedy translation (the translator) sentences/s of training sentences at batch
@@ -49,7 +52,8 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     first pass over the slice is warm-up (deferred init, graph building), the next ones timed.
     One more imperative row runs with MXNet's own OpenMP threads (``D2L_TRANSFORMER_THREADS=
     mxnet``: half the CPUs, one on this machine), as every path ran before the package chose
-    the threads per workload (d2l_transformer/_threads.py).
+    the threads per workload (d2l_transformer/_threads.py); and PyTorch eager on the same slice
+    (scripts/baselines.py), as many threads as the package's rows use for it.
 Then the ratios. ``--only GROUP`` runs one group of rows (``--only full``: (h) alone).
 ``--quick``: TINY sizes and fewer sentences (CI, under a minute).
 ``--json PATH`` writes every figure. The decoding rows use the model the fast row trained.
@@ -72,6 +76,8 @@ ROWS = [  # key, label
     ("train_faithful", "(a) train faithful tokens/s"),
     ("train_fast", "(a) train fast tokens/s"),
     ("train_fast_nokernels", "(a) train fast, no fused kernels tokens/s"),
+    ("train_torch", "(a) train, PyTorch eager tokens/s"),
+    ("train_gluonnlp", "(a) train, GluonNLP 0.10 hybridized tokens/s"),
     ("greedy_kv", "(b) greedy ms/sentence, key/value cache"),
     ("batch_1", "(c) batched greedy sentences/s batch=1 "),
     ("batch_64", "(c) batched greedy sentences/s batch=64"),
@@ -94,12 +100,15 @@ ROWS = [  # key, label
     ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
     ("train_full_imperative_mxnet", "(h) full preset train, imperative, MXNet's threads tok/s"),
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
+    ("train_full_torch", "(h) full preset train, PyTorch eager target tokens/s"),
 ]
 RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/faithful", "train_fast", "train_faithful"),
     ("(a) train ratio fast/the chapter's own code", "train_fast", "train_book"),
     ("(a) train ratio faithful/the chapter's own code", "train_faithful", "train_book"),
     ("(a) train ratio fast/fast without kernels", "train_fast", "train_fast_nokernels"),
+    ("(a) train ratio fast/PyTorch eager", "train_fast", "train_torch"),
+    ("(a) train ratio fast/GluonNLP hybridized", "train_fast", "train_gluonnlp"),
     ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
     ("(e) scale ratio 2 contexts/1 device", "train_2ctx", "train_fast"),
     ("(e) scale ratio 2 dist_sync workers/1 device", "train_dist2", "train_fast"),
@@ -114,14 +123,16 @@ RATIOS = [  # label, numerator, denominator
     ("(h) full preset train ratio fast/imperative", "train_full_fast", "train_full_imperative"),
     ("(h) full preset train ratio fast/imperative, MXNet's threads", "train_full_fast",
      "train_full_imperative_mxnet"),
+    ("(h) full preset train ratio fast/PyTorch eager", "train_full_fast", "train_full_torch"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
           "full": "(h)", "ctranslate2": "(i)", "engine": "(k)"}  # --only GROUP: the rows whose
 # label starts with this
 DECODE_TOKENS = 50
-REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
-            "train_full_imperative", "train_full_imperative_mxnet", "train_full_fast")
+REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels", "train_torch",
+            "train_gluonnlp", "train_full_imperative", "train_full_imperative_mxnet",
+            "train_full_fast", "train_full_torch")
 REPEATS_ENV = "D2L_TRANSFORMER_BENCH_REPEATS"  # --repeats, for the (i) rows' process
 THREADS_ENV = "D2L_TRANSFORMER_BENCH_THREADS"  # --threads, likewise
 ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"},  # its process's
@@ -716,6 +727,33 @@ def full_train_row(s, fast, cache_dir):
                   "passes_timed": len(stamps) - 1, "shapes": len(shapes)}
 
 
+def baseline_row(s, key, cache_dir):
+    """(a) ``train_torch`` / ``train_gluonnlp``, (h) ``train_full_torch``: the same model in
+    PyTorch eager or GluonNLP 0.10 hybridized (scripts/baselines.py) on the batches of the
+    package's rows (NumPy copies), target tokens/s over epochs 2..; PyTorch on the threads the
+    package's loop takes for that work (`_threads.threads_for`)."""
+    import baselines
+
+    from d2l_transformer._threads import threads_for
+    package = "gluonnlp" if key == "train_gluonnlp" else "torch"
+    reason = baselines.missing(package)
+    if reason:
+        return float("nan"), {"skipped": reason}
+    if key == "train_full_torch":
+        cfg, epochs = s["full_cfg"], s["full_epochs"]
+        src_size, tgt_size, batches = _full_slice(s, cache_dir)
+    else:
+        cfg, epochs = s["cfg"], s["epochs"]
+        src_vocab, tgt_vocab, it = _data(cfg)
+        src_size, tgt_size = len(src_vocab), len(tgt_vocab)
+        batches = [[a.asnumpy() for a in batch] for batch in it]
+    if package == "gluonnlp":
+        return baselines.train_gluonnlp(batches, src_size, tgt_size, cfg, epochs)
+    X, _, Y, _ = batches[0]  # the loop's rule: the first batch's output-layer multiply-adds
+    threads = threads_for(X.shape[0] * (Y.shape[1] - 1) * cfg.embedding_size * tgt_size)
+    return baselines.train_torch(batches, src_size, tgt_size, cfg, epochs, threads)
+
+
 def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -811,6 +849,8 @@ def run_row(key, quick, params_path):
     if key == "train_fast_nokernels":  # the same fast path on MXNet's own operators
         with mock.patch.dict(os.environ, {"D2L_TRANSFORMER_KERNELS": "0"}):
             return train_row(s, True, None)
+    if key in ("train_torch", "train_gluonnlp", "train_full_torch"):
+        return baseline_row(s, key, os.path.dirname(params_path))
     if key.startswith("train_full_"):
         return full_train_row(s, key == "train_full_fast", os.path.dirname(params_path))
     if key.startswith("train_"):
@@ -909,11 +949,16 @@ def main(argv=None):
                       f"{results[key]['peak_rss_mb']:14.1f}", flush=True)
                 if "detail" in results[key]:
                     print(f"    {results[key]['detail']}", flush=True)
+                if "skipped" in results[key]:
+                    print(f"    skipped: {results[key]['skipped']}", flush=True)
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
     for label, num, den in RATIOS:
         if num not in results or den not in results:  # --only: another group's ratio
+            continue
+        if "skipped" in results[num] or "skipped" in results[den]:
+            print(f"{label:52s} {'skipped':>10s}", flush=True)
             continue
         if num in REPEATED and den in REPEATED:  # the median of same-round ratios
             per_round = [rnd[num]["value"] / rnd[den]["value"] for rnd in rounds]

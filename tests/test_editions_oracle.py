@@ -91,7 +91,10 @@ spec = importlib.util.spec_from_file_location("_aliases", os.path.join(root, "d2
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
 import mxnet as mx
 from mxnet import autograd, np, npx
-book = importlib.import_module(module)
+try:
+    book = importlib.import_module(module)
+except Exception as e:  # that d2l release on this Python
+    sys.exit(f"does not import here ({type(e).__name__}: {e})")
 npx.set_np()
 Attention = getattr(book, "MultiHeadAttention", None) or book.d2l.MultiHeadAttention
 mx.random.seed(0)
@@ -119,8 +122,10 @@ print(heads, *[float(np.abs(steps[:, i] - full[:, i]).max()) for i in range(4)])
 @pytest.mark.parametrize("edition", ["0.11", "0.17", "1.0"])
 def test_which_of_the_2019_bugs_each_edition_keeps(edition):
     if edition == "0.11":
-        import d2l  # the installed 0.11.4, the chapter's own
-
+        try:
+            import d2l  # the installed 0.11.4, the chapter's own
+        except Exception as e:
+            pytest.skip(f"the chapter's library d2l==0.11.4 does not import ({e})")
         if d2l.__version__ != "0.11.4":
             pytest.skip("the chapter's library d2l==0.11.4 is not installed")
         library = os.path.dirname(os.path.dirname(d2l.__file__))
@@ -129,6 +134,8 @@ def test_which_of_the_2019_bugs_each_edition_keeps(edition):
     module = {"0.11": "chapter_0_11", "0.17": "chapter_0_17", "1.0": "chapter_1_0"}[edition]
     r = subprocess.run([sys.executable, "-c", EXPERIMENT, library, module, ROOT],
                        capture_output=True, text=True, timeout=300)
+    if r.returncode == 1 and r.stderr.startswith("does not import here"):
+        pytest.skip(f"d2l of edition {edition} {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr
     heads, *steps = map(float, r.stdout.split())
     # (a) np.tile's per-head valid lengths (0.11 only): masked keys leak into the outputs

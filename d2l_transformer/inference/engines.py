@@ -9,8 +9,8 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
 (`limits`).
 
 * ``"mxnet"`` (`MXNetEngine`): the package's `Translator` over the MXNet model (a model trained
-  with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also gives the
-  attention weights of a translation (`MXNetEngine.attention`).
+  with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also
+  gives the attention weights of a translation (`MXNetEngine.attention`).
 * ``"ctranslate2"`` (`CTranslate2Engine`): OpenNMT's CTranslate2 over the model's float32 export,
   made on first use and kept beside the model directory (`export.kept_export`). Greedy decoding
   gives the MXNet engine's tokens. Beam search is CTranslate2's (its beam keeps the best partial
