@@ -1,6 +1,6 @@
 """The chapter's files read like the chapter: each of its blocks and functions in
 attention.py, layers.py and model.py has at most 1.5x the code lines of the chapter's own
-(tests/chapter_reference.py; d2l 0.11.4's own for the two blocks it imports from d2l 9.1), the
+(oracles/chapter_0_11.py; d2l 0.11.4's own for the two blocks it imports from d2l 9.1), the
 helpers a block needs in those files counted with it. The table is printed and must be the one
 in docs/design.md, so that it cannot drift."""
 
@@ -9,7 +9,7 @@ import inspect
 import os
 import textwrap
 
-import chapter_reference as book
+import chapter_0_11 as book
 import d2l
 
 from d2l_transformer import attention, layers, model

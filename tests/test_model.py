@@ -2,7 +2,6 @@
 
 import chapter_0_11 as book
 import numpy as onp
-import pytest
 from conftest import ModelGraph, assert_close, copy_params
 from mxnet import autograd, np
 
