@@ -200,9 +200,10 @@ def test_the_1_0_editions_run_repeats_itself_with_a_seed(tmp_path):
     assert "go . => [" in printed and "], bleu," in printed
 
 
+@pytest.mark.slow
 @needs_data
 def test_one_epoch_of_the_classic_edition_writes_the_summary(tmp_path):
-    """Quick: one epoch of 0.17 (about 10 s here); another seed gives another loss."""
+    """One epoch of 0.17 (10-23 s here); another seed gives another loss."""
     _library("0.17")
     _, a = _oracle(tmp_path / "a", "--edition", "0.17", "--epochs", "1", "--seed", "1")
     assert a["title"] == "chapter's code (d2l 0.17)" and a["epochs"] == 1
