@@ -25,7 +25,7 @@ from mxnet import autograd, np
 from mxnet.gluon import nn
 
 from d2l_transformer.book import CHAPTER_CODE, agreements, compare_table
-from d2l_transformer.cli import UserError, guarded
+from d2l_transformer.cli import USER_ERRORS, UserError, guarded
 from d2l_transformer.data import default_data_path
 from d2l_transformer.io import atomic
 from d2l_transformer.training.run import check_out_dir, train_model
@@ -42,12 +42,9 @@ def get_parser():
     p.add_argument("--exact-chapter", action="store_true",
                    help="reproduce the book exactly, its three bugs included (on the chapter's "
                         "imperative loop)")
-    path = p.add_mutually_exclusive_group()
-    path.add_argument("--imperative", action="store_true",
-                      help="train with the chapter's imperative loop instead of the default "
-                           "hybridized graph path (same numbers to float rounding, slower)")
-    path.add_argument("--fast", action="store_true",
-                      help="the hybridized graph path: the default, accepted for compatibility")
+    p.add_argument("--imperative", action="store_true",
+                   help="train with the chapter's imperative loop instead of the default "
+                        "hybridized graph path (same numbers to float rounding, slower)")
     p.add_argument("--out", default="out/chapter", help="directory for summary.json and figures")
     p.add_argument("--data", default=None, help="path of fra-eng.zip (default: data/fra-eng.zip)")
     p.add_argument("--skip-toys", action="store_true", help="do not print the toy checks")
@@ -153,7 +150,9 @@ def run(args):
 
 
 def main(argv=None):
-    return guarded(run, get_parser().parse_args(argv))
+    args = get_parser().parse_args(argv)
+    paths = [os.path.abspath(p) for p in (args.out, args.data) if p]
+    return guarded(run, args, USER_ERRORS, paths)
 
 
 if __name__ == "__main__":
