@@ -117,14 +117,14 @@ class EncoderKV(nn.HybridBlock):
 
 
 class DecoderStep(nn.HybridBlock):
-    """``step(X, position, enc_valid_length, [rows,] *caches) -> (log_probs, *self_caches)``.
+    """``step(X, position, enc_valid_length, [rows,] *caches) -> (logits, *self_caches)``.
 
     X: (rows, 1) the tokens at `position` (a (1,) array; 0 for ``<bos>``); caches, per decoder
     block: self keys, self values (rows, max_len, hidden), newest position first (zeros at the
     start), then `EncoderKV`'s keys and values (rows, T, hidden). Only the new position is
     projected; it goes in front of the self caches, which drop their last row, and the
     self-attention reads their first ``position + 1`` rows, so the shapes never change.
-    log_probs: (rows, V), the log-softmax of the logits (to float32 rounding).
+    logits: (rows, V), the decoder's output layer.
     ``reorder=True`` (beam search): an input `rows` (rows,) after `enc_valid_length`, the row
     of the given self caches each row continues (its beam's parent), taken before the new
     position goes in. Holds no weights.
@@ -151,7 +151,5 @@ class DecoderStep(nn.HybridBlock):
             V = F.np.concatenate([v, V[:, :-1]], axis=1)
             X = decoder_block(F, blk, X, Xn, K, V, self_length, K_enc, V_enc, enc_valid_length)
             new_caches += [K, V]
-        logits = F.npx.reshape(output_layer(dec, X), (-2, -3, -2))  # (rows, 1, V) -> (rows, V)
-        # in float64: MXNet's float32 log_softmax is up to ~4e-6 off the exact value per token
-        log_probs = F.npx.log_softmax(logits.astype("float64")).astype("float32")
-        return (log_probs, *new_caches)
+        logits = output_layer(dec, X)  # (rows, 1, V)
+        return (F.npx.reshape(logits, (-2, -3, -2)), *new_caches)  # (rows, 1, V) -> (rows, V)

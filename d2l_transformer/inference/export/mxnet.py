@@ -6,8 +6,9 @@
         `inference.step.EncoderKV`: source ids and valid lengths -> each decoder block's keys and values
         of the encoder's output (projected once per sentence)
     decoder_step-symbol.json, decoder_step-0000.params
-        `inference.step.DecoderStep`, the translator's step graph: one target position with the
-        key/value caches -> the next token's log-probabilities and the updated caches
+        `inference.step.DecoderStep`, the translator's step graph, and MXNet's log-softmax: one
+        target position with the key/value caches -> the next token's log-probabilities and the
+        updated caches
     src_vocab.json, tgt_vocab.json, config.json    copied from the model directory
     *.model                                        its tokenizer files (sentencepiece), if any
     manifest.json    versions, the graphs' inputs and outputs (names, shapes, meaning), the
@@ -24,6 +25,7 @@ import os
 
 import mxnet as mx
 from mxnet import np
+from mxnet.gluon import nn
 
 from ...io import checkpoint
 from ..limits import EXTRA_LENGTH
@@ -32,6 +34,18 @@ from .source import copy_file, write_tokenizer_files
 
 FORMAT = "d2l_transformer export 1"
 ENCODER, STEP = "encoder", "decoder_step"
+
+
+class _ExportStep(nn.HybridBlock):
+    """`DecoderStep` whose first output is the log-softmax of its logits (rows, V)."""
+
+    def __init__(self, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.step = DecoderStep(decoder)
+
+    def hybrid_forward(self, F, *args):
+        logits, *caches = self.step(*args)
+        return (F.npx.log_softmax(logits), *caches)
 
 
 def _io_spec(num_layers, hidden, vocab):
@@ -79,7 +93,7 @@ def _trace_and_export(model, cfg, src_vocab, tgt_vocab, directory, ctx):
     model_x = np.array([[src_vocab["<pad>"]] * cfg.num_steps], ctx=ctx)  # (1, num_steps)
     valid = np.array([cfg.num_steps], ctx=ctx)  # (1,)
     encoder = hybridized(EncoderKV(model))
-    step = hybridized(DecoderStep(model.decoder))
+    step = hybridized(_ExportStep(model.decoder))
     with ctx:
         kv = list(call(encoder, model_x, valid))
         empty = np.zeros((1, 2, kv[0].shape[-1]), ctx=ctx)  # (rows, max_length, hidden)
