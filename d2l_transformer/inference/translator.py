@@ -11,7 +11,7 @@ score to float rounding).
 paper's 6.1 uses beam 4, alpha 0.6): ``log P(Y | x) / ((5 + |Y|) / 6) ** alpha``, |Y| counting
 ``<eos>``. Each live beam proposes its `beam_size` best next tokens, which compete with the
 finished beams for the sentence's `beam_size` places. Beams are rows of the step; the host
-reads each step's (rows, V) log-probabilities and ranks them with NumPy. A sentence emits at
+reads each step's (rows, V) logits and ranks their log-softmax with NumPy. A sentence emits at
 most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``); it has
 finished when all its beams have, or once its n best have and no live beam can beat them
 (`_settled`); once half of a batch's sentences have finished, they leave the step's rows.
