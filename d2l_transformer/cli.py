@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from . import checkpoint
 from ._guard import EXIT_BAD_INPUT, EXIT_BUG, EXIT_ERROR, guarded  # noqa: F401 (EXIT_BUG)
 from .book import agreements, compare_table, load_run
 from .config import PRESETS, load_overrides, parse_overrides, resume_overrides
@@ -26,7 +27,7 @@ from .inference.export import ExportError
 from .inference.export.ctranslate2 import QUANTIZATIONS
 from .inference.limits import ExactChapterError, SentenceError, require_corrected, sentence_tokens
 from .inference.translator import ALPHA, BEAM_SIZE
-from .io import atomic, checkpoint
+from .io import atomic
 from .training import book_line
 from .training.run import RunError, train_model
 

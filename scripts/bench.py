@@ -254,8 +254,8 @@ def _translation_setup(s):
     from mxnet import init
 
     import d2l_transformer as d2t
+    from d2l_transformer import checkpoint
     from d2l_transformer.data.split import split_corpus
-    from d2l_transformer.io import checkpoint
     from d2l_transformer.training.run import load_data
     model_dir = os.environ.get(MODEL_ENV)
     _translation_setup.model_dir = model_dir
@@ -316,7 +316,7 @@ def _engine_worker(spec_path):
         # the package first: it configures MXNet's threads
         from d2l_transformer.inference.text import translator_options  # noqa: I001
         from d2l_transformer.inference.translator import Translator
-        from d2l_transformer.io import checkpoint
+        from d2l_transformer import checkpoint
         import mxnet as mx
         model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(spec["model_dir"], mx.cpu())
         translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), max_length=spec["length"],
@@ -361,10 +361,10 @@ def ct2_rounds(s, beam, repeats, threads):
     idle int8 translator and at ~750-950 alone (docs/benchmarks.md)."""
     import mxnet as mx
 
+    from d2l_transformer import checkpoint
     from d2l_transformer.inference.export import export
     from d2l_transformer.inference.export.ctranslate2 import decoding_options
     from d2l_transformer.inference.text import translator_options
-    from d2l_transformer.io import checkpoint
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
     length, batch = s["translate_length"], 64
@@ -437,9 +437,9 @@ def engine_rounds(s, beam, repeats):
 
     import mxnet as mx
 
+    from d2l_transformer import checkpoint
     from d2l_transformer.inference.engines import open_engine
     from d2l_transformer.inference.limits import BANNED, decode_limit
-    from d2l_transformer.io import checkpoint
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
     with tempfile.TemporaryDirectory() as tmp:
@@ -564,8 +564,8 @@ def serving_row(quick):
     import socket
     import threading
 
+    from d2l_transformer import checkpoint
     from d2l_transformer.data import preprocess_nmt, read_data_nmt, tokenize_nmt
-    from d2l_transformer.io import checkpoint
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

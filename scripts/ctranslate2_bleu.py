@@ -22,12 +22,12 @@ import tempfile
 import d2l_transformer  # noqa: F401  # isort: skip  (first: its NumPy-alias shim must precede mxnet)
 import mxnet as mx
 
+from d2l_transformer import checkpoint
 from d2l_transformer.data import evaluation_sets
 from d2l_transformer.evaluate import format_score, score
 from d2l_transformer.inference.export import export
 from d2l_transformer.inference.export.ctranslate2 import QUANTIZATIONS, decoding_options
 from d2l_transformer.inference.text import translate_texts
-from d2l_transformer.io import checkpoint
 
 
 def ct2_tokens(path, sentences, cfg):

@@ -45,7 +45,8 @@ import time
 import d2l_transformer as d2t  # isort: skip  (first: its NumPy-alias shim must precede mxnet)
 import mxnet as mx
 
-from d2l_transformer.io import atomic, checkpoint
+from d2l_transformer import checkpoint
+from d2l_transformer.io import atomic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("kill", "concurrent", "fail")

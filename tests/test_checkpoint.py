@@ -8,8 +8,8 @@ import pytest
 from mxnet import np
 
 import d2l_transformer as d2t
-from d2l_transformer.io import checkpoint
-from d2l_transformer.io.checkpoint import CheckpointError
+from d2l_transformer import checkpoint
+from d2l_transformer.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from isolation import BLOCKER  # noqa: E402  (tests/isolation.py)
 from mxnet import np, npx
 
 import d2l_transformer as d2t
-from d2l_transformer import cli
+from d2l_transformer import checkpoint, cli
 from d2l_transformer.data import heldout_nmt
 from d2l_transformer.data.split import split_corpus
 from d2l_transformer.evaluate import evaluate_model
@@ -36,7 +36,7 @@ from d2l_transformer.inference.export import ExportError, export
 from d2l_transformer.inference.export.ctranslate2 import EXTRA_LENGTH, decoding_options
 from d2l_transformer.inference.limits import SentenceError
 from d2l_transformer.inference.text import translate_texts
-from d2l_transformer.io import checkpoint, lock
+from d2l_transformer.io import lock
 from d2l_transformer.io.manifest import check_manifest
 from d2l_transformer.training.run import train_model
 

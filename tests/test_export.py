@@ -14,10 +14,9 @@ import pytest
 from isolation import BLOCKER  # noqa: E402  (tests/isolation.py)
 
 import d2l_transformer as d2t
-from d2l_transformer import cli
+from d2l_transformer import checkpoint, cli
 from d2l_transformer.data import heldout_nmt
 from d2l_transformer.inference.export import ExportError, export
-from d2l_transformer.io import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "exported_translate.py"

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from d2l_transformer.io import atomic, checkpoint
+from d2l_transformer import checkpoint
+from d2l_transformer.io import atomic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +19,7 @@ PRELUDE = """
 import sys
 import d2l_transformer as d2t
 import mxnet as mx
-from d2l_transformer.io import checkpoint
+from d2l_transformer import checkpoint
 cfg = d2t.TINY
 src_vocab, tgt_vocab, _ = d2t.load_data_nmt(cfg.batch_size, cfg.num_steps, cfg.num_examples)
 model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))

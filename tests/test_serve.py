@@ -14,8 +14,8 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed")
 from browser import train_small_model  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
+from d2l_transformer import checkpoint  # noqa: E402
 from d2l_transformer.inference.translator import Translator  # noqa: E402
-from d2l_transformer.io import checkpoint  # noqa: E402
 from d2l_transformer.serve.app import create_app  # noqa: E402
 from d2l_transformer.serve.engine import Engine  # noqa: E402
 

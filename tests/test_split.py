@@ -109,8 +109,7 @@ def test_load_data_split(tokenizer):
 
 
 def test_max_pairs_means_n_pairs(tmp_path, capsys):
-    from d2l_transformer import cli
-    from d2l_transformer.io import checkpoint
+    from d2l_transformer import checkpoint, cli
     base = ["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--epochs", "1"]
     for bad in ("0", "-3"):
         assert cli.main(base + ["--max-pairs", bad, "--out", str(tmp_path / "m")]) == 2

@@ -116,8 +116,7 @@ def test_subword_model_directory_translates_raw_text(full_dir, capsys):
     import json
     import os
 
-    from d2l_transformer import cli
-    from d2l_transformer.io import checkpoint
+    from d2l_transformer import checkpoint, cli
     manifest = json.loads(open(os.path.join(full_dir, "manifest.json")).read())
     assert SPM_SRC in manifest and SPM_TGT in manifest
     tok = checkpoint.load_tokenizer(full_dir)

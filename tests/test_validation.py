@@ -9,9 +9,8 @@ import mxnet as mx
 import pytest
 
 import d2l_transformer as d2t
-from d2l_transformer import cli
+from d2l_transformer import checkpoint, cli
 from d2l_transformer.data import split_corpus
-from d2l_transformer.io import checkpoint
 from d2l_transformer.training.validation import EarlyStopping, LastParameters, Validator
 
 # the tiny model on 200 pairs, 20 of them held out as the valid part (word tokenizer)

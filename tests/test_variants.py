@@ -244,8 +244,8 @@ def test_classifier_above_chance(ctx):
 
 
 def test_average_model_dirs(tmp_path):
+    from d2l_transformer import checkpoint
     from d2l_transformer.contrib.averaging import average_model_dirs
-    from d2l_transformer.io import checkpoint
     src_vocab = tgt_vocab = d2t.Vocab([["a", "b"]], reserved_tokens=d2t.data.RESERVED_TOKENS)
     dirs = []
     for seed in (1, 2):

@@ -50,7 +50,7 @@ def average_model_dirs(directories, out_dir, last=None):
     Every input is loaded (and so validated) by `checkpoint.load` first; the output is written
     atomically by `checkpoint.save`. Returns `out_dir`.
     """
-    from ..io import checkpoint  # a higher module: only needed here
+    from .. import checkpoint  # model directories, only here
 
     directories = list(directories)[-last:] if last else list(directories)
     if not directories:

@@ -21,10 +21,10 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
 import json
 import os
 
+from .. import checkpoint
 from ..config import TransformerConfig
 from ..data import Vocab
 from ..data import load_tokenizer as _tokenizer_of
-from ..io import checkpoint
 from .decode import chapter_greedy
 from .limits import BANNED, SentenceError, check_length, decode_limit, require_corrected
 from .text import translator_options

@@ -3,7 +3,7 @@
 
 Two layouts, one function each way:
 
-* a model directory (`io.checkpoint`): ``{file name: {"bytes": n, "sha256": hex}}``, the layout
+* a model directory (`checkpoint`): ``{file name: {"bytes": n, "sha256": hex}}``, the layout
   every model directory written so far has;
 * an export (`inference.export`): ``{"format": ..., <what the export says about itself>,
   "files": {file name: {"bytes": n, "sha256": hex}}}``.

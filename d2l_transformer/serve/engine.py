@@ -25,12 +25,12 @@ import threading
 
 from mxnet import npx
 
+from .. import checkpoint
 from ..context import parse_ctx
 from ..inference.engines import DEFAULT_ENGINE, CTranslate2Engine, MXNetEngine
 from ..inference.export import ExportError
 from ..inference.limits import ExactChapterError, require_corrected
 from ..inference.translator import ALPHA
-from ..io import checkpoint
 from . import ServeError
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ import time
 from mxnet import init
 from tqdm import tqdm
 
+from .. import checkpoint
 from ..book import SENTENCES
 from ..build import build_model
 from ..data import WordTokenizer, detokenize_words, load_data_nmt, load_data_split, split_corpus
@@ -16,7 +17,7 @@ from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..inference.decode import predict_s2s_ch8
 from ..inference.text import translator_options
 from ..inference.translator import Translator
-from ..io import checkpoint, lock
+from ..io import lock
 from .loop import rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer

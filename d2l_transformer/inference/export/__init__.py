@@ -58,7 +58,7 @@ def export(model_dir, out_dir, ctx=None, *, format=DEFAULT_FORMAT, quantization=
     weight type (``int8``, ``int16``, ``float16``, ... see `export.ctranslate2.QUANTIZATIONS`; None:
     float32); `ctx`: where MXNet loads the model (the CPU by default).
 
-    Raises `io.checkpoint.CheckpointError` for a model directory that cannot be loaded and
+    Raises `checkpoint.CheckpointError` for a model directory that cannot be loaded and
     `ExportError` (one line) for a model the format cannot express (the chapter's exact model,
     ScaleNorm for CTranslate2), a missing ``ctranslate2`` package, or an `out_dir` that holds
     something else than an export."""

@@ -27,7 +27,7 @@ import mxnet as mx
 from mxnet import np
 from mxnet.gluon import nn
 
-from ...io import checkpoint
+from ... import checkpoint
 from ..limits import EXTRA_LENGTH
 from ..step import DecoderStep, EncoderKV, call, hybridized
 from .source import copy_file, write_tokenizer_files

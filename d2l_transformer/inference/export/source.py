@@ -9,7 +9,8 @@ training saves the next epoch still describes one model.
 import collections
 import os
 
-from ...io import atomic, checkpoint
+from ... import checkpoint
+from ...io import atomic
 from ..limits import ExactChapterError, require_corrected
 
 
@@ -21,7 +22,7 @@ ModelSource = collections.namedtuple(
     "ModelSource", ["directory", "model", "src_vocab", "tgt_vocab", "cfg", "summary",
                     "tokenizer"])
 ModelSource.__doc__ = """A loaded model directory: `directory` is the version read; `tokenizer`
-the one it was trained with (`io.checkpoint.load_tokenizer`; its ``files()`` are copied)."""
+the one it was trained with (`checkpoint.load_tokenizer`; its ``files()`` are copied)."""
 
 
 def read_config(model_dir, what="export"):

@@ -32,13 +32,13 @@ import shutil
 import mxnet as mx
 from mxnet import init, np
 
-from ..build import build_model
-from ..config import TransformerConfig
-from ..data import Vocab
-from ..data.tokenize import TokenizerError
-from ..data.tokenize import load_tokenizer as _load_tokenizer
-from . import atomic
-from .manifest import MANIFEST, ManifestError, build_manifest, read_checked
+from .build import build_model
+from .config import TransformerConfig
+from .data import Vocab
+from .data.tokenize import TokenizerError
+from .data.tokenize import load_tokenizer as _load_tokenizer
+from .io import atomic
+from .io.manifest import MANIFEST, ManifestError, build_manifest, read_checked
 
 PARAMS, SRC_VOCAB, TGT_VOCAB = "params.params", "src_vocab.json", "tgt_vocab.json"
 CONFIG, SUMMARY, TRAINER = "config.json", "summary.json", "trainer.states"
