@@ -23,9 +23,9 @@ def missing(package):
     try:
         __import__(package)
     except ImportError:
-        extra = {"torch": "pip install torch (the CPU wheel)",
-                 "gluonnlp": "pip install gluonnlp==0.10.0 (the test extra)"}[package]
-        return f"{package} is not installed ({extra})"
+        how = {"torch": "pip install torch (its CPU wheel)",
+               "gluonnlp": "pip install gluonnlp==0.10.0 (the test extra)"}[package]
+        return f"{package} is not installed: {how}"
     return None
 
 
