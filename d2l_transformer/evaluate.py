@@ -203,7 +203,7 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     set (`data.evaluation_sets`: the preset's valid and test parts, or the chapter's training
     and held-out pairs), greedy and with a beam of `beam` (greedy only for an exact-chapter
     model). Returns the report (a JSON-able dict); ``examples``: keep the first N translations
-    of each set. Errors are one line (CheckpointError, DataError, TranslationError,
+    of each set. Errors are one line (CheckpointError, DataError, ExactChapterError,
     ExportError)."""
     translator = open_engine(model_dir, engine, ctx, no_unk=no_unk)
     cfg, tok = translator.cfg, translator.tokenizer

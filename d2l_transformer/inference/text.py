@@ -3,11 +3,10 @@ a model trained with the chapter's bugs the chapter's own loop (`decode.chapter_
 text in, text out around them with the model directory's tokenizer."""
 
 from .decode import chapter_greedy
-from .limits import ExactChapterError, require_corrected
+from .limits import require_corrected
 from .translator import ALPHA, Translator
 
 BATCH = 64  # sentences decoded together
-TranslationError = ExactChapterError  # the name the command line catches (`require_corrected`)
 
 
 def no_unk_for(cfg, no_unk=False):
