@@ -314,7 +314,7 @@ def _engine_worker(spec_path):
     engine, beam, batch, sentences = spec["engine"], spec["beam"], spec["batch"], spec["sentences"]
     if engine == "ours":  # OpenMP threads: the translator's choice, at most --threads (ROW_ENV)
         # the package first: it configures MXNet's threads
-        from d2l_transformer.inference.text import translator_options  # noqa: I001
+        from d2l_transformer.inference.engines import translator_options  # noqa: I001
         from d2l_transformer.inference.translator import Translator
         from d2l_transformer import checkpoint
         import mxnet as mx
@@ -362,9 +362,9 @@ def ct2_rounds(s, beam, repeats, threads):
     import mxnet as mx
 
     from d2l_transformer import checkpoint
+    from d2l_transformer.inference.engines import translator_options
     from d2l_transformer.inference.export import export
     from d2l_transformer.inference.export.ctranslate2 import decoding_options
-    from d2l_transformer.inference.text import translator_options
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
     length, batch = s["translate_length"], 64

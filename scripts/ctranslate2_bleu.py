@@ -20,14 +20,11 @@ import sys
 import tempfile
 
 import d2l_transformer  # noqa: F401  # isort: skip  (first: its NumPy-alias shim must precede mxnet)
-import mxnet as mx
-
-from d2l_transformer import checkpoint
 from d2l_transformer.data import evaluation_sets
-from d2l_transformer.evaluate import format_score, score
+from d2l_transformer.evaluate import format_score, score, translate_texts
+from d2l_transformer.inference.engines import open_engine
 from d2l_transformer.inference.export import export
 from d2l_transformer.inference.export.ctranslate2 import QUANTIZATIONS, decoding_options
-from d2l_transformer.inference.text import translate_texts
 
 
 def ct2_tokens(path, sentences, cfg):
@@ -52,15 +49,14 @@ def main(argv=None):
     p.add_argument("--max-sentences", type=int, default=500)
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
-    model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(args.model_dir)
-    tok = checkpoint.load_tokenizer(args.model_dir, cfg)
-    sets, _ = evaluation_sets(cfg, src_vocab, tgt_vocab)
+    engine = open_engine(args.model_dir, "mxnet")  # the package's translator
+    cfg, tok = engine.cfg, engine.tokenizer
+    sets, _ = evaluation_sets(cfg, engine.src_vocab, engine.tgt_vocab)
     name, pairs, _ = sets[-1]
     sources = pairs.source[:args.max_sentences]
     refs = pairs.target[:args.max_sentences]
     tokens = [tok.encode(s) for s in sources]
-    outputs = {"translator": translate_texts(model, sources, tok, src_vocab, tgt_vocab, cfg,
-                                             mx.cpu())}
+    outputs = {"translator": translate_texts(engine, sources)}
     with tempfile.TemporaryDirectory() as tmp:
         for q in ("float32", args.quantization):
             path = os.path.join(tmp, q)

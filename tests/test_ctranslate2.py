@@ -30,12 +30,11 @@ import d2l_transformer as d2t
 from d2l_transformer import checkpoint, cli
 from d2l_transformer.data import heldout_nmt
 from d2l_transformer.data.split import split_corpus
-from d2l_transformer.evaluate import evaluate_model
-from d2l_transformer.inference.engines import ENGINES, CTranslate2Engine, open_engine
+from d2l_transformer.evaluate import evaluate_model, translate_texts
+from d2l_transformer.inference.engines import ENGINES, CTranslate2Engine, MXNetEngine, open_engine
 from d2l_transformer.inference.export import ExportError, export
 from d2l_transformer.inference.export.ctranslate2 import EXTRA_LENGTH, decoding_options
 from d2l_transformer.inference.limits import SentenceError
-from d2l_transformer.inference.text import translate_texts
 from d2l_transformer.io import lock
 from d2l_transformer.io.manifest import check_manifest
 from d2l_transformer.training.run import train_model
@@ -178,8 +177,8 @@ def test_the_readme_translates_like_the_package_without_it(trained):
     run = subprocess.run([sys.executable, "-I", "-c", BLOCKER + snippet], cwd=str(out), env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    ours = translate_texts(t["model"], texts, t["tokenizer"], t["src_vocab"], t["tgt_vocab"],
-                           t["cfg"], mx.cpu())
+    ours = translate_texts(MXNetEngine(t["model"], t["src_vocab"], t["tgt_vocab"], t["cfg"],
+                                       t["tokenizer"], mx.cpu()), texts)
     assert eval(run.stdout) == ours  # the snippet prints a list of strings
     files = {"model.bin", "config.json", "source_vocabulary.json", "target_vocabulary.json",
              "README.md"} | ({"spm_src.model", "spm_tgt.model"} if t["kind"] == "subword" else set())

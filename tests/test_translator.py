@@ -12,11 +12,11 @@ import pytest
 from mxnet import autograd, gluon, init, np
 
 import d2l_transformer as d2t
-from d2l_transformer.data import heldout_nmt
+from d2l_transformer.data import WordTokenizer, heldout_nmt
 from d2l_transformer.inference import step as step_module
 from d2l_transformer.inference import translator as translator_module
+from d2l_transformer.inference.engines import MXNetEngine, no_unk_for, translator_options
 from d2l_transformer.inference.limits import ExactChapterError
-from d2l_transformer.inference.text import translate_tokens
 from d2l_transformer.inference.translator import Translator, length_penalty
 
 CTX = mx.cpu()
@@ -215,11 +215,12 @@ def test_length_limits_and_bad_arguments(setup):
     with pytest.raises(ExactChapterError, match="corrected model"):
         Translator(exact, src_vocab, tgt_vocab, CTX)
     exact.initialize(init.Xavier(), ctx=CTX)
-    for beam, no_unk, what in ((2, False, "beam search"), (1, True, "--no-unk")):
-        with pytest.raises(ExactChapterError, match=f"^{what} needs the corrected model"):
-            translate_tokens(exact, sentences[:2], src_vocab, tgt_vocab, exact_cfg, CTX, beam,
-                             no_unk=no_unk)
-    chapter = translate_tokens(exact, sentences[:2], src_vocab, tgt_vocab, exact_cfg, CTX)
+    engine = MXNetEngine(exact, src_vocab, tgt_vocab, exact_cfg, WordTokenizer(), CTX)
+    with pytest.raises(ExactChapterError, match="^beam search needs the corrected model"):
+        engine.translate(sentences[:2], 2)
+    with pytest.raises(ExactChapterError, match="^--no-unk needs the corrected model"):
+        MXNetEngine(exact, src_vocab, tgt_vocab, exact_cfg, WordTokenizer(), CTX, no_unk=True)
+    chapter = [h.tokens for h in engine.translate(sentences[:2])]
     assert chapter == [d2t.predict_s2s_ch8(exact, " ".join(s), src_vocab, tgt_vocab,
                                            CFG.num_steps, CTX).split() for s in sentences[:2]]
     assert free.translate([]) == []
@@ -241,8 +242,6 @@ def test_padding_each_batch_to_its_longest_source_changes_no_translation(setup, 
     its longest source, not to num_steps; the encoder masks the padding, so the same tokens
     and the scores to float rounding, greedy and beam 3, on the untrained model's near-ties
     too."""
-    from d2l_transformer.inference.text import translator_options
-
     models, src_vocab, tgt_vocab, sentences = setup
     short = [s for s in sentences if len(s) <= 4]  # all far below num_steps (10)
     assert len(short) >= 10
@@ -464,10 +463,14 @@ def test_special_tokens_never_in_a_translation(setup, beam_size):
         _translator(model, src_vocab, tgt_vocab, no_unk=True)  # suppress=False
 
 
-def test_translate_tokens_masks_unk_for_subword_models_and_on_request(setup):
-    """`translate_tokens` (the CLI's and `evaluate`'s, token lists): <unk> kept for a word
-    model (the chapter's default), masked with no_unk, always masked for a subword config."""
-    from d2l_transformer.inference.text import no_unk_for
+def test_engine_masks_unk_for_subword_models_and_on_request(setup):
+    """The "mxnet" engine (the CLI's, `evaluate`'s and the server's, token lists): <unk> kept
+    for a word model (the chapter's default), masked with no_unk, always masked for a subword
+    config."""
+
+    def translate(cfg, no_unk=False):
+        engine = MXNetEngine(model, src_vocab, tgt_vocab, cfg, WordTokenizer(), CTX, no_unk=no_unk)
+        return [h.tokens for h in engine.translate(sentences)]
 
     models, src_vocab, tgt_vocab, sentences = setup
     assert not no_unk_for(CFG) and no_unk_for(CFG, True)
@@ -479,10 +482,10 @@ def test_translate_tokens_masks_unk_for_subword_models_and_on_request(setup):
         raised = saved.asnumpy()
         raised[tgt_vocab["<unk>"]] += 1.0  # (vocab,): an under-trained model fond of <unk>
         bias.set_data(np.array(raised, ctx=CTX))
-        words = translate_tokens(model, sentences, src_vocab, tgt_vocab, CFG, CTX)
+        words = translate(CFG)
         assert any("<unk>" in w for w in words)
         for cfg, no_unk in ((CFG, True), (CFG.replace(tokenizer="subword", vocab_size=100), False)):
-            outs = translate_tokens(model, sentences, src_vocab, tgt_vocab, cfg, CTX, no_unk=no_unk)
+            outs = translate(cfg, no_unk)
             assert not any(t in ("<unk>", "<pad>", "<bos>") for o in outs for t in o)
     finally:
         bias.set_data(saved)
