@@ -96,19 +96,10 @@ def check_out_dir(out_dir, *, resume=False, overwrite=False):
 
 def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=False,
               tokenizer=None):
-    """``(src_vocab, tgt_vocab, train_iter, tokenizer, valid_iter)`` for `cfg`: the chapter's
-    pairs (`load_data_nmt`, as `cfg.edition`'s d2l prepares them; d2l 1.0's
-    `load_data_mt_fra_eng`, whose ``valid_iter`` holds its validation pairs, else None), or
-    the preset's own split, tokenizer and buckets (`load_data_split`) when it has them.
-    ``tokenizer``: the one a resumed run was trained with (else `cfg`'s, a subword one trained
-    on the training part)."""
-    if cfg.edition == "1.0":
-        if num_workers > 1:
-            raise RunError("edition 1.0 trains in one process (its validation is d2l's)")
-        return load_data_mt_fra_eng(batch_size, cfg.num_steps, cfg.num_examples, cfg.num_valid,
-                                    data_path, fast_loader=fast)[:3] + (WordTokenizer("1.0"),) + \
-            load_data_mt_fra_eng(batch_size, cfg.num_steps, cfg.num_examples, cfg.num_valid,
-                                 data_path)[3:]
+    """``(src_vocab, tgt_vocab, train_iter, tokenizer)`` for `cfg`: the chapter's pairs
+    (`load_data_nmt`), or the preset's own split, tokenizer and buckets (`load_data_split`)
+    when it has them. ``tokenizer``: the one a resumed run was trained with (else `cfg`'s,
+    a subword one trained on the training part)."""
     if cfg.num_valid or cfg.num_test or cfg.num_buckets:
         data = load_data_split(
             batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
