@@ -93,6 +93,10 @@ def agreements(runs):
             for t, s in runs if t != CHAPTER_CODE and s.get("exact_chapter")]
 
 
+# the later editions' prediction cells: English sentence -> the French reference of d2l's bleu
+REFERENCES = {"go .": "va !", "i lost .": "j'ai perdu .", "he's calm .": "il est calme .",
+              "i'm home .": "je suis chez moi ."}
+
 # Each MXNet edition of the section and what its book printed, as data. BOOK_LOSS,
 # BOOK_TRANSLATIONS and the table above stay the 2019 chapter's. The book seeds nothing: every
 # printed number below is one unseeded build's ("random" names them; docs/editions.md lists what
@@ -114,6 +118,7 @@ EDITIONS = {
         "translations": {"go .": "entrez !", "i lost .": "j'ai perdu .",
                          "he's calm .": "il calme .", "i'm home .": "je suis chez moi ."},
         "bleu": {"go .": 0.0, "i lost .": 1.0, "he's calm .": 0.603, "i'm home .": 1.0},
+        "references": REFERENCES,
         "random": ("loss", "tokens_per_sec", "translations", "bleu"),
     },
     "1.0": {
@@ -129,6 +134,7 @@ EDITIONS = {
                          "he's calm .": "il est calme calme !",
                          "i'm home .": "je suis chez moi je suis chez moi je"},
         "bleu": {"go .": 1.0, "i lost .": 1.0, "he's calm .": 0.651, "i'm home .": 0.522},
+        "references": REFERENCES,
         "random": ("loss", "val_loss", "translations", "bleu"),
     },
 }

@@ -15,7 +15,9 @@ def build_model(cfg, src_vocab_size, tgt_vocab_size):
     """9.3.7's model: ``EncoderDecoder(TransformerEncoder(...), TransformerDecoder(...))``.
 
     ``cfg.exact_chapter`` builds the decoder with ``src_vocab_size`` outputs, as the book does
-    (bug 1); otherwise ``tgt_vocab_size``. A config with a variant (docs/variants.md) builds
+    (bug 1); otherwise ``tgt_vocab_size``. The later editions (``cfg.edition`` 0.17, 1.0) fixed
+    bugs 1 and 2: their exact model keeps only the decoder's (its position restart, its causal
+    mask in training only). A config with a variant (docs/variants.md) builds
     the variants' subclasses. The model is built under a fresh `mx.name.NameManager`, so that
     its parameters have the names a fresh process gives them whatever was built before:
     `gluon.Trainer` orders the parameters by name, and the Adam state saved with a model is
@@ -30,6 +32,11 @@ def build_model(cfg, src_vocab_size, tgt_vocab_size):
         if variants:
             return EncoderDecoder(VariantTransformerEncoder(src_vocab_size, *args, **variants),
                                   VariantTransformerDecoder(tgt_vocab_size, *args, **variants))
-        decoder_vocab_size = src_vocab_size if cfg.exact_chapter else tgt_vocab_size  # bug 1
-        return EncoderDecoder(TransformerEncoder(src_vocab_size, *args, cfg.exact_chapter),
-                              TransformerDecoder(decoder_vocab_size, *args, cfg.exact_chapter))
+        bugs_2019 = cfg.exact_chapter and cfg.edition == "0.11"
+        decoder_vocab_size = src_vocab_size if bugs_2019 else tgt_vocab_size  # bug 1
+        model = EncoderDecoder(TransformerEncoder(src_vocab_size, *args, bugs_2019),
+                               TransformerDecoder(decoder_vocab_size, *args, cfg.exact_chapter))
+    if cfg.exact_chapter and not bugs_2019:  # d2l 0.17's attention repeats the lengths right
+        for blk in model.decoder.blks:
+            blk.attention_1.exact_chapter = blk.attention_2.exact_chapter = False
+    return model

@@ -21,7 +21,8 @@ class TransformerConfig:
     lr: float = 0.005
     num_epochs: int = 100
     num_examples: Optional[int] = 1000  # d2l keeps lines 0..num_examples: 1001 pairs; None: all
-    exact_chapter: bool = False  # True: the book's three bugs, bit for bit
+    exact_chapter: bool = False  # True: the book's bugs, bit for bit
+    edition: str = "0.11"  # whose chapter: d2l 0.11 (2019), 0.17 (classic) or 1.0 (EDITIONS)
     # the literature's variants (defaults = the chapter); read only by model.build_model
     pre_norm: bool = False
     norm: str = "layer"  # "layer" or "scale" (ScaleNorm)
@@ -97,6 +98,10 @@ class TransformerConfig:
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
+        if self.edition != "0.11" and (self.tokenizer != "word" or self.num_buckets
+                                       or self.num_test or (self.num_valid and self.edition != "1.0")):
+            problems.append(f"edition {self.edition} is that chapter's word-level run: no "
+                            "subwords, buckets or held-out parts of ours")
         if self.tokenizer == "subword" and self.vocab_size < 1:
             problems.append("the subword tokenizer needs vocab_size >= 1")
         if problems:
@@ -120,7 +125,8 @@ class TransformerConfig:
 
 
 _CHOICES = {"norm": ("layer", "scale"), "tokenizer": ("word", "subword"),
-            "loss_reduction": ("book", "token"), "split_by": ("source", "pair")}
+            "loss_reduction": ("book", "token"), "split_by": ("source", "pair"),
+            "edition": ("0.11", "0.17", "1.0")}
 # what a resumed run may change: the schedule and regularisation, not the model or its data
 RESUMABLE = ("num_epochs", "lr", "warmup_steps", "dropout", "layerdrop", "drophead",
              "label_smoothing", "beta1", "beta2", "epsilon", "clip_per_token", "valid_sentences")
@@ -224,5 +230,16 @@ _BASE = dict(embedding_size=512, ffn_hidden_size=2048, num_heads=8, num_layers=6
              lr=0.0007, num_epochs=30, warmup_steps=4000)
 FULL_GPU = FULL.replace(vocab_size=8000, **_BASE)
 FULL_WORD_GPU = FULL_WORD.replace(min_freq=3, **_BASE)
+# Each later edition of the chapter as its book runs it (docs/editions.md). 1.0: d2l's MTFraEng
+# trains on the first 512 pairs (num_examples) and validates on the next 128 + 1 (num_valid); its
+# loss is the mean over every position, padding included ("mean"), corrected to "token"
+EDITIONS = {
+    "0.11": CHAPTER,
+    "0.17": CHAPTER.replace(edition="0.17", dropout=0.1, num_epochs=200, num_examples=600,
+                            min_freq=2),
+    "1.0": CHAPTER.replace(edition="1.0", embedding_size=256, dropout=0.2, batch_size=128,
+                           num_steps=9, lr=0.001, num_epochs=30, num_examples=512, num_valid=128,
+                           min_freq=2, loss_reduction="token"),
+}
 PRESETS = {"chapter": CHAPTER, "tiny": TINY, "full": FULL, "full_word": FULL_WORD,
            "full_gpu": FULL_GPU, "full_word_gpu": FULL_WORD_GPU}

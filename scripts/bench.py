@@ -265,7 +265,7 @@ def _translation_setup(s):
     else:
         cfg = s["full_cfg"]
         d2t.set_seed(0)
-        src_vocab, tgt_vocab, _, tokenizer = load_data(cfg, cfg.batch_size)
+        src_vocab, tgt_vocab, _, tokenizer, _ = load_data(cfg, cfg.batch_size)
         d2t.set_seed(0)
         model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
         model.initialize(init.Xavier(), ctx=mx.cpu())
@@ -689,7 +689,7 @@ def _full_slice(s, cache_dir):
         with open(path, "rb") as f:
             return pickle.load(f)
     d2t.set_seed(0)
-    src_vocab, tgt_vocab, it, _ = load_data(cfg, cfg.batch_size)
+    src_vocab, tgt_vocab, it, _, _ = load_data(cfg, cfg.batch_size)
     batches = [[a.asnumpy() for a in batch] for _, batch in zip(range(s["full_batches"]), it)]
     out = (len(src_vocab), len(tgt_vocab), batches)
     with open(path + ".tmp", "wb") as f:

@@ -28,6 +28,7 @@ from .text import (
     count_corpus,
     default_data_path,
     fra_pairs,
+    load_data_mt_fra_eng,
     load_data_nmt,
     plain_spaces,
     preprocess_fast,

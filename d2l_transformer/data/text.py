@@ -67,11 +67,12 @@ def fra_pairs(text, start=0, stop=None):
             yield parts[0], parts[1]
 
 
-def preprocess_nmt(text):
-    """Lower-case, replace non-breaking spaces, and put a space before , . ! (d2l)."""
+def preprocess_nmt(text, punctuation=",.!"):
+    """Lower-case, replace non-breaking spaces, and put a space before , . ! (d2l; the later
+    editions also before ?: ``punctuation=",.!?"``)."""
 
     def no_space(char, prev_char):
-        return char in set(",.!") and prev_char != " "
+        return char in set(punctuation) and prev_char != " "
 
     text = plain_spaces(text).lower()
     out = [" " + char if i > 0 and no_space(char, text[i - 1]) else char
@@ -79,14 +80,11 @@ def preprocess_nmt(text):
     return "".join(out)
 
 
-_STOP_AFTER_NON_SPACE = re.compile(r"(?<=[^ ])([,.!])")
-
-
-def preprocess_fast(text):
+def preprocess_fast(text, punctuation=",.!"):
     """`preprocess_nmt` as one regular expression: the same text (all of fra.txt is checked in
     tests/test_data.py), without a Python loop over characters."""
     text = plain_spaces(text).lower()
-    return _STOP_AFTER_NON_SPACE.sub(r" \1", text)
+    return re.sub(r"(?<=[^ ])([%s])" % re.escape(punctuation), r" \1", text)
 
 
 def tokenize_nmt(text, num_examples=None):
@@ -111,18 +109,24 @@ def count_corpus(sentences):
 
 class Vocab:
     """d2l's vocabulary: ``<unk>`` = 0, the reserved tokens, then tokens with frequency >=
-    `min_freq` by descending frequency, ties broken by the token itself."""
+    `min_freq` by descending frequency, ties broken by the token itself (d2l 0.11).
 
-    def __init__(self, tokens, min_freq=0, reserved_tokens=None):
+    ``order``: how a later d2l orders it: ``"first"`` breaks ties by first occurrence (d2l
+    0.17); ``"sorted"`` sorts all kept tokens, ``<unk>`` and the reserved ones included, as
+    strings (d2l 1.0: ``<unk>`` is then not id 0)."""
+
+    def __init__(self, tokens, min_freq=0, reserved_tokens=None, order="token"):
         reserved_tokens = list(reserved_tokens or [])
         counter = count_corpus(tokens)
-        self.token_freqs = sorted(counter.items(), key=lambda x: x[0])
+        self.token_freqs = sorted(counter.items(), key=lambda x: x[0]) if order == "token" \
+            else list(counter.items())
         self.token_freqs.sort(key=lambda x: x[1], reverse=True)
-        self.unk, uniq_tokens = 0, ["<unk>"] + reserved_tokens
+        uniq_tokens = ["<unk>"] + reserved_tokens
         uniq_tokens += [token for token, freq in self.token_freqs
                         if freq >= min_freq and token not in uniq_tokens]
-        self.idx_to_token = uniq_tokens
-        self.token_to_idx = {token: idx for idx, token in enumerate(uniq_tokens)}
+        self.idx_to_token = sorted(uniq_tokens) if order == "sorted" else uniq_tokens
+        self.token_to_idx = {token: idx for idx, token in enumerate(self.idx_to_token)}
+        self.unk = self.token_to_idx["<unk>"]
 
     def __len__(self):
         return len(self.idx_to_token)
@@ -146,8 +150,9 @@ class Vocab:
         vocab = cls([])
         vocab.idx_to_token = list(d["idx_to_token"])
         vocab.token_to_idx = {t: i for i, t in enumerate(vocab.idx_to_token)}
-        if len(vocab.token_to_idx) != len(vocab.idx_to_token) or vocab.idx_to_token[0] != "<unk>":
-            raise ValueError("vocabulary is malformed: duplicate tokens or no <unk> at id 0")
+        if len(vocab.token_to_idx) != len(vocab.idx_to_token) or "<unk>" not in vocab.token_to_idx:
+            raise ValueError("vocabulary is malformed: duplicate tokens or no <unk>")
+        vocab.unk = vocab.token_to_idx["<unk>"]
         return vocab
 
 
@@ -168,23 +173,79 @@ def build_array(lines, vocab, num_steps, is_source):
     return array, valid_len
 
 
+def build_array_nmt(lines, vocab, num_steps):
+    """d2l 0.17: ids with ``<eos>`` appended (source and target), cut or padded to `num_steps`,
+    and int32 valid lengths."""
+    lines = [vocab[line] + [vocab["<eos>"]] for line in lines]
+    array = np.array([truncate_pad(line, num_steps, vocab["<pad>"]) for line in lines])
+    return array, (array != vocab["<pad>"]).astype("int32").sum(axis=1)
+
+
+def with_bos(array, valid_len, bos):
+    """``<bos>`` prepended to every row: (n, T) -> (n, T + 1), valid lengths + 1. Later
+    editions put ``<bos>`` in front of the cut target in the training loop (0.17) or the data
+    (1.0); here it is data, so that one loop trains every edition (`Y[:, :-1]` is the decoder's
+    input, `Y[:, 1:]` its labels)."""
+    column = np.full((array.shape[0], 1), bos, dtype=array.dtype)  # (n, 1)
+    return np.concatenate([column, array], axis=1), valid_len + 1
+
+
+EDITIONS = ("0.11", "0.17", "1.0")
+
+
 def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None, *, rank=0, num_workers=1,
-                  fast_loader=False):
+                  fast_loader=False, min_freq=3, edition="0.11"):
     """(src_vocab, tgt_vocab, data_iter) for the first `num_examples` + 1 pairs (d2l).
 
     With the chapter's arguments: 180 source tokens, 162 target tokens, 1001 pairs.
     ``rank``/``num_workers``: the vocabularies come from all pairs, the batches only
     from this worker's `shard`. ``fast_loader``: `ArrayBatches` instead of Gluon's
-    DataLoader (the same batches, faster).
+    DataLoader (the same batches, faster). ``edition="0.17"``: d2l 0.17's pipeline (a space
+    before ``?`` too, vocabulary ties by first occurrence, `build_array_nmt`; `with_bos`).
     """
-    text = preprocess_nmt(read_data_nmt(path))
+    later = edition != "0.11"
+    text = preprocess_nmt(read_data_nmt(path), ",.!?" if later else ",.!")
     source, target = tokenize_nmt(text, num_examples)
-    src_vocab = Vocab(source, min_freq=3, reserved_tokens=RESERVED_TOKENS)
-    tgt_vocab = Vocab(target, min_freq=3, reserved_tokens=RESERVED_TOKENS)
+    vocabs = [Vocab(lines, min_freq, RESERVED_TOKENS, order="first" if later else "token")
+              for lines in (source, target)]
     if num_workers > 1:
         source, target = shard(source, rank, num_workers), shard(target, rank, num_workers)
-    src_array, src_valid_len = build_array(source, src_vocab, num_steps, True)
-    tgt_array, tgt_valid_len = build_array(target, tgt_vocab, num_steps, False)
+    if later:
+        src_array, src_valid_len = build_array_nmt(source, vocabs[0], num_steps)
+        tgt_array, tgt_valid_len = with_bos(*build_array_nmt(target, vocabs[1], num_steps),
+                                            vocabs[1]["<bos>"])
+    else:
+        src_array, src_valid_len = build_array(source, vocabs[0], num_steps, True)
+        tgt_array, tgt_valid_len = build_array(target, vocabs[1], num_steps, False)
     data_arrays = (src_array, src_valid_len, tgt_array, tgt_valid_len)
     data_iter = (ArrayBatches if fast_loader else load_array)(data_arrays, batch_size)
-    return src_vocab, tgt_vocab, data_iter
+    return vocabs[0], vocabs[1], data_iter
+
+
+def load_data_mt_fra_eng(batch_size, num_steps=9, num_train=512, num_val=128, path=None, *,
+                         fast_loader=False):
+    """d2l 1.0's ``MTFraEng``: (src_vocab, tgt_vocab, train_iter, val_iter).
+
+    Lines 0..num_train + num_val of fra.txt (641: d2l reads one more than it says), each side
+    with ``<eos>`` appended (empty tokens dropped), cut or padded to `num_steps`, the target
+    with ``<bos>`` in front; vocabularies of the padded sentences, tokens seen twice or more,
+    sorted (`Vocab` ``order="sorted"``). The first `num_train` pairs train, shuffled; the rest
+    (129) validate, in order. Batches as `load_data_nmt`'s: (X, X_valid_len, Y, Y_valid_len).
+    """
+    text = preprocess_nmt(read_data_nmt(path), ",.!?")
+    sides = [[], []]
+    for pair in fra_pairs(text, 0, num_train + num_val + 1):
+        for side, sentence in zip(sides, pair):
+            side.append([t for t in f"{sentence} <eos>".split(" ") if t])
+    arrays, vocabs = [], []
+    for lines, is_tgt in zip(sides, (False, True)):
+        lines = [truncate_pad(line, num_steps, "<pad>") for line in lines]
+        lines = [["<bos>"] + line for line in lines] if is_tgt else lines
+        vocab = Vocab(lines, min_freq=2, order="sorted")
+        array = np.array([vocab[line] for line in lines])  # (n, num_steps [+ 1])
+        arrays += [array, (array != vocab["<pad>"]).astype("int32").sum(axis=1)]
+        vocabs.append(vocab)
+    load = ArrayBatches if fast_loader else load_array
+    train = load([a[:num_train] for a in arrays], batch_size)
+    val = load([a[num_train:] for a in arrays], batch_size, is_train=False)
+    return vocabs[0], vocabs[1], train, val

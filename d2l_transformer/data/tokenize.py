@@ -44,14 +44,20 @@ def detokenize_words(text):
 class WordTokenizer:
     """The chapter's pipeline (d2l 9.5): ``preprocess_nmt(text).split()`` (computed by
     `preprocess_fast`), tokens joined with spaces. Lower-cased, so its output is scored
-    case-insensitively (``lowercase``)."""
+    case-insensitively (``lowercase``). ``edition``: a later d2l's (0.17, 1.0) also spaces
+    ``?`` off and ends each source with ``<eos>``, as its models were trained."""
 
     kind, lowercase = "word", True
 
-    def encode(self, text):
-        return preprocess_fast(text).split()
+    def __init__(self, edition="0.11"):
+        self.later = edition != "0.11"
 
-    encode_target = encode
+    def encode(self, text):
+        return preprocess_fast(text, ",.!?" if self.later else ",.!").split() + \
+            (["<eos>"] if self.later else [])
+
+    def encode_target(self, text):
+        return preprocess_fast(text, ",.!?" if self.later else ",.!").split()
 
     def decode(self, tokens):
         return " ".join(tokens)
@@ -150,7 +156,7 @@ def load_tokenizer(model_dir, cfg):
     without that field is the chapter's word-level pipeline)."""
     kind = getattr(cfg, "tokenizer", "word")
     if kind == "word":
-        return WordTokenizer()
+        return WordTokenizer(getattr(cfg, "edition", "0.11"))
     if kind != "subword":
         raise TokenizerError(f"unknown tokenizer {kind!r}: use one of {', '.join(TOKENIZERS)}")
     paths = [os.path.join(model_dir, name) for name in (SPM_SRC, SPM_TGT)]

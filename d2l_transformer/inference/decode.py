@@ -45,3 +45,23 @@ def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
                           max_length=num_steps, suppress=False).translate([tokens])
         out = hyp.tokens
     return " ".join(out)
+
+
+def predict_step(model, sources, src_vocab, tgt_vocab, num_steps, ctx):
+    """d2l 1.0's ``EncoderDecoder.predict_step`` and the cell around it: the sources (token
+    lists) cut or padded to `num_steps` as one batch, exactly `num_steps` steps of the chapter's
+    loop through the decoder's state for all of them, each output cut at its first ``<eos>``.
+    Returns the target token lists."""
+    src = np.array([src_vocab[truncate_pad(list(s), num_steps, "<pad>")] for s in sources],
+                   ctx=ctx)  # (n, num_steps)
+    src_valid_len = (src != src_vocab["<pad>"]).astype("int32").sum(axis=1)  # (n,)
+    dec_state = model.decoder.init_state(model.encoder(src, src_valid_len), src_valid_len)
+    dec_X = np.full((len(sources), 1), tgt_vocab["<bos>"], ctx=ctx)  # (n, 1)
+    outputs = []
+    for _ in range(num_steps):
+        Y, dec_state = model.decoder(dec_X, dec_state)  # Y: (n, 1, vocab)
+        dec_X = Y.argmax(axis=2)  # (n, 1)
+        outputs.append(dec_X)
+    rows = np.concatenate(outputs, axis=1).astype("int32").asnumpy().tolist()  # (n, num_steps)
+    eos = tgt_vocab["<eos>"]
+    return [tgt_vocab.to_tokens(row[:row.index(eos)] if eos in row else row) for row in rows]

@@ -92,6 +92,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         trainer = make_trainer(model, lr, kvstore=kvstore)
     loss = loss or MaskedSoftmaxCELoss()
     per_width = getattr(loss, "reduction", "book") == "book"  # the book's mean over positions
+    by_batch = getattr(loss, "reduction", "book") == "mean"  # d2l 1.0: a batch's mean, step(1)
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = len(ctxs) > 1 or is_distributed(kvstore)
     if parallel:
@@ -105,7 +106,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
                 Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
                 l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
             l.backward()
-            num_tokens = Y_vlen.sum()
+            num_tokens = 1 if by_batch else Y_vlen.sum()
             grad_clipping(model, float(num_tokens) if clip_per_token else 1)
             trainer.step(num_tokens)
             return float(l.sum()), float(num_tokens)

@@ -2,7 +2,7 @@
 
 from mxnet import gluon
 
-REDUCTIONS = ("book", "token")
+REDUCTIONS = ("book", "token", "mean")
 
 
 class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
@@ -19,8 +19,11 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
 
     ``label_smoothing`` = eps > 0 (not in the chapter; the paper's 5.4 uses 0.1) trains against
     ``(1 - eps) * one_hot(label) + eps / vocab``: gradient of ``(1 - eps) * nll + eps *
-    mean(-log p)``. The VALUE returned stays the plain cross-entropy (``nll``), so that the
-    reported loss and perplexity are the model's, not the smoothed objective's.
+    mean(-log p)``. ``reduction="mean"``: d2l 1.0's loss (its ``Classifier.loss``, which its
+    ``Seq2Seq`` inherits): ONE number, the mean over every position of the batch, ``<pad>``
+    labels included (nothing masked), for ``trainer.step(1)``. The VALUE returned stays the
+    plain cross-entropy (``nll``), so that the reported loss and perplexity are the model's,
+    not the smoothed objective's.
     """
 
     def __init__(self, label_smoothing=0.0, *, reduction="book", **kwargs):
@@ -31,6 +34,10 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
 
     def hybrid_forward(self, F, pred, label, valid_length):
         """F: works imperatively and inside the fast path's hybridized graph."""
+        if self.reduction == "mean":
+            flat = super().hybrid_forward(F, F.npx.reshape(pred, (-5, -2)),  # (batch * seq_len, vocab)
+                                          F.npx.reshape(label, (-1,)))  # -> (batch * seq_len,)
+            return flat.mean()
         weights = F.np.expand_dims(F.np.ones_like(label), axis=-1)  # (batch, seq_len, 1)
         weights = F.npx.sequence_mask(weights, valid_length, True, axis=1)
         if not self.label_smoothing and self.reduction == "book":

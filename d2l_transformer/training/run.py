@@ -10,18 +10,32 @@ from mxnet import init
 from tqdm import tqdm
 
 from .. import checkpoint
-from ..book import SENTENCES
+from ..book import EDITIONS, SENTENCES
 from ..build import build_model
-from ..data import WordTokenizer, detokenize_words, load_data_nmt, load_data_split, split_corpus
+from ..data import (
+    WordTokenizer,
+    detokenize_words,
+    load_data_mt_fra_eng,
+    load_data_nmt,
+    load_data_split,
+    split_corpus,
+)
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
-from ..inference.decode import predict_s2s_ch8
+from ..evaluate import bleu
+from ..inference.decode import chapter_greedy, predict_s2s_ch8, predict_step
 from ..inference.engines import translator_options
 from ..inference.translator import Translator
 from ..io import lock
 from .loop import rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
-from .validation import EarlyStopping, LastParameters, Validator, format_validation
+from .validation import (
+    EarlyStopping,
+    LastParameters,
+    Validator,
+    format_validation,
+    validation_loss,
+)
 
 SUBMODELS = ("best", "average")  # model directories inside a run's model directory
 SEED_STRIDE = 100000  # epoch e of a run with seed s draws from seed s * SEED_STRIDE + e
@@ -96,18 +110,28 @@ def check_out_dir(out_dir, *, resume=False, overwrite=False):
 
 def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=False,
               tokenizer=None):
-    """``(src_vocab, tgt_vocab, train_iter, tokenizer)`` for `cfg`: the chapter's pairs
-    (`load_data_nmt`), or the preset's own split, tokenizer and buckets (`load_data_split`)
-    when it has them. ``tokenizer``: the one a resumed run was trained with (else `cfg`'s,
-    a subword one trained on the training part)."""
+    """``(src_vocab, tgt_vocab, train_iter, tokenizer, valid_iter)`` for `cfg`: the chapter's
+    pairs (`load_data_nmt`, as `cfg.edition`'s d2l prepares them; d2l 1.0's
+    `load_data_mt_fra_eng`, whose ``valid_iter`` holds its validation pairs, else None), or
+    the preset's own split, tokenizer and buckets (`load_data_split`) when it has them.
+    ``tokenizer``: the one a resumed run was trained with (else `cfg`'s, a subword one trained
+    on the training part)."""
+    if cfg.edition == "1.0":
+        if num_workers > 1:
+            raise RunError("edition 1.0 trains in one process (its validation is d2l's)")
+        src_vocab, tgt_vocab, train_iter, valid_iter = load_data_mt_fra_eng(
+            batch_size, cfg.num_steps, cfg.num_examples, cfg.num_valid, data_path,
+            fast_loader=fast)
+        return src_vocab, tgt_vocab, train_iter, WordTokenizer("1.0"), valid_iter
     if cfg.num_valid or cfg.num_test or cfg.num_buckets:
         data = load_data_split(
             batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
             cfg.num_test, cfg.num_buckets, data_path, rank=rank, num_workers=num_workers,
             tokenizer=tokenizer or cfg.tokenizer, vocab_size=cfg.vocab_size, split_by=cfg.split_by)
-        return data.src_vocab, data.tgt_vocab, data.train_iter, data.tokenizer
+        return data.src_vocab, data.tgt_vocab, data.train_iter, data.tokenizer, None
     return load_data_nmt(batch_size, cfg.num_steps, cfg.num_examples, data_path, rank=rank,
-                         num_workers=num_workers, fast_loader=fast) + (WordTokenizer(),)
+                         num_workers=num_workers, fast_loader=fast, min_freq=cfg.min_freq,
+                         edition=cfg.edition) + (WordTokenizer(cfg.edition), None)
 
 
 def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
@@ -120,6 +144,26 @@ def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
         return {s: tokenizer.decode(h.tokens) for s, h in zip(SENTENCES, hyps)}
     return {s: predict_s2s_ch8(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx)
             for s in SENTENCES}
+
+
+def edition_translations(model, src_vocab, tgt_vocab, cfg, ctx):
+    """The later editions' four sentences as their prediction cells translate and score them:
+    ``({sentence: translation}, {sentence: d2l's bleu with k=2})``. Exact 0.17: its
+    ``predict_seq2seq`` (`chapter_greedy` on the source and ``<eos>``); exact 1.0: its
+    ``predict_step`` (`predict_step`: the four as one batch); corrected: the `Translator`,
+    greedy, nothing masked."""
+    references = EDITIONS[cfg.edition]["references"]
+    sources = [s.split(" ") + ["<eos>"] for s in references]
+    if not cfg.exact_chapter:
+        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
+                                max_length=cfg.num_steps, suppress=False)
+        outs = [hyp.tokens for hyp in translator.translate(sources)]
+    elif cfg.edition == "0.17":
+        outs = [chapter_greedy(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx) for s in sources]
+    else:
+        outs = predict_step(model, sources, src_vocab, tgt_vocab, cfg.num_steps, ctx)
+    translations = {s: " ".join(out) for s, out in zip(references, outs)}
+    return translations, {s: bleu(translations[s], ref, 2) for s, ref in references.items()}
 
 
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
@@ -187,7 +231,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
         set_seed(seed)
         tokenizer = checkpoint.load_tokenizer(out_dir, cfg) if resume else None
-        src_vocab, tgt_vocab, train_iter, tokenizer = load_data(
+        src_vocab, tgt_vocab, train_iter, tokenizer, edition_valid = load_data(
             cfg, batch_size, data_path, rank=rank, num_workers=num_workers, fast=fast,
             tokenizer=tokenizer)
         updates = len(train_iter) * cfg.num_epochs
@@ -197,7 +241,10 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                   f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
                   f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=log)
         if valid_every is None:
-            valid_every = 1 if cfg.num_valid else 0
+            valid_every = 1 if cfg.num_valid and edition_valid is None else 0
+        if valid_every and edition_valid is not None:
+            raise RunError("edition 1.0 validates as d2l 1.0 does (its loss every epoch): "
+                           "--valid-every, --patience and --average-last are not for it")
         if valid_every and not cfg.num_valid:
             raise RunError("--valid-every needs a valid part: this config has num_valid 0 (give "
                            "e.g. --set num_valid=2000)")
@@ -221,7 +268,11 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                 return summary
         else:
             model = build_model(cfg, len(src_vocab), len(tgt_vocab))
-            model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
+            if cfg.edition == "1.0":  # its encoder and decoder call initialize(): Uniform(0.07)
+                model.encoder.initialize(ctx=ctxs)
+                model.decoder.initialize(ctx=ctxs)
+            else:
+                model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
             trainer = config_trainer(model, cfg, kvstore)
             summary = {"seed": seed, "preset": preset, "exact_chapter": cfg.exact_chapter,
                        "epoch_history": [], "train_seconds": 0.0, "epochs_done": 0}
@@ -262,7 +313,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                 print(line, file=log)
 
         def on_epoch(epoch, loss):
-            summary["epoch_history"].append((epoch, loss))
+            summary["epoch_history"].append((epoch, loss) if edition_valid is None else
+                                            (epoch, loss, validation_loss(model, edition_valid,
+                                                                          train_loss, ctxs[0])))
             summary["train_seconds"] += time.time() - tic[0]
             summary["epochs_done"] = epoch
             summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
@@ -291,11 +344,17 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         if resume and "rng_state" in summary:
             set_rng_state(summary["rng_state"])
         bar = ProgressBar(cfg.num_epochs, len(train_iter), start_epoch) if progress else None
+        # exact 1.0: d2l 1.0's loss over every position; exact 0.17 and 1.0 draw their dropout
+        # from the one stream seeded once, as their code does (a resumed run then differs)
+        book_loss = cfg.exact_chapter and cfg.edition == "1.0"
+        train_loss = MaskedSoftmaxCELoss(cfg.label_smoothing,
+                                         reduction="mean" if book_loss else cfg.loss_reduction)
+        reseed = not (cfg.exact_chapter and cfg.edition != "0.11")
         try:
             result = train_s2s_ch8(
                 model, train_iter, cfg.lr, cfg.num_epochs, ctxs, on_epoch, trainer=trainer,
-                loss=MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction),
-                start_epoch=start_epoch, epoch_seed=seed * SEED_STRIDE,
+                loss=train_loss, start_epoch=start_epoch,
+                epoch_seed=seed * SEED_STRIDE if reseed else None,
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
                 fast=fast, kvstore=kvstore, on_batch=bar, clip_per_token=cfg.clip_per_token)
         finally:
@@ -317,12 +376,18 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                 if writer:
                     save_sub("average", **{"average": average})
         summary["epochs"] = cfg.num_epochs
-        summary["history"] = [(e, loss) for e, loss in summary["epoch_history"] if e % 10 == 0]
+        summary["history"] = [(e, loss) for e, loss, *_ in summary["epoch_history"] if e % 10 == 0]
+        if edition_valid is not None:
+            summary["val_loss"] = summary["epoch_history"][-1][2]
         if num_workers > 1:
             summary.update(num_workers=num_workers, kvstore=kvstore.type)
-        if rank == 0:
+        if rank == 0 and cfg.edition == "0.11":
             summary["translations"] = book_translations(model, src_vocab, tgt_vocab, cfg, ctxs[0],
                                                         tokenizer)
+        elif rank == 0:
+            summary["translations"], summary["bleu"] = edition_translations(
+                model, src_vocab, tgt_vocab, cfg, ctxs[0])
+        summary["edition"] = cfg.edition
         if writer:
             save()
         return summary

@@ -148,3 +148,17 @@ class _Swap:
         for k, p in self.params.items():
             p.set_data(self.saved[k])
         return False
+
+
+def validation_loss(model, valid_iter, loss, ctx):
+    """d2l 1.0's validation: the batches' loss outside ``autograd.record`` (no dropout; in
+    exact mode the chapter's decoder then drops its causal mask, as the book's does), averaged
+    as the loss reduces: the mean of the batch means (``"mean"``: what the book plots), else
+    per target token."""
+    total, count = 0.0, 0.0
+    for batch in valid_iter:
+        X, X_vlen, Y, Y_vlen = [x.as_in_context(ctx) for x in batch]
+        Y_hat, _ = model(X, Y[:, :-1], X_vlen)  # Y[:, :-1]: <bos> and the target, teacher forced
+        total += float(loss(Y_hat, Y[:, 1:], Y_vlen - 1).sum())
+        count += 1 if loss.reduction == "mean" else float((Y_vlen - 1).sum())
+    return total / count
