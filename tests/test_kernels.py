@@ -216,9 +216,9 @@ def _kernel_attention(q, k, v, length, p, train, heads=4):
         x.attach_grad()
     flag = np.array([1.0 if train else 0.0])
     with autograd.record():
-        out, keep = mx.nd.d2t_attention_masked(
+        out, keep = mx.nd.d2t_attention(
             q.as_nd_ndarray(), k.as_nd_ndarray(), v.as_nd_ndarray(), length.as_nd_ndarray(),
-            flag.as_nd_ndarray(), num_heads=heads, causal=0,
+            flag.as_nd_ndarray(), num_heads=heads,
             scale=repr(float(onp.sqrt(q.shape[-1] // heads))), dropout=repr(p))
     out = out.as_np_ndarray()
     dout = np.array(onp.random.RandomState(9).normal(size=out.shape), dtype="float32")
@@ -478,7 +478,7 @@ def test_fast_full_step_equals_the_imperative_step():
         with autograd.record(), kernels.fused(mx.cpu()):
             graph(X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
         ops = [node["op"] for node in json.loads(graph._cached_graph[1].tojson())["nodes"]]
-        assert {"d2t_attention_masked", "d2t_add_layer_norm", "d2t_softmax_ce"} <= set(ops)
+        assert {"d2t_attention", "d2t_add_layer_norm", "d2t_softmax_ce"} <= set(ops)
         assert "log_softmax" not in ops and "batch_dot" not in ops
         assert ("Dropout" in ops) == (dropout > 0)
 

@@ -3,11 +3,11 @@
 MXNet 1.9's CPU ``LayerNorm`` backward reduces through its generic broadcast reducer: ~0.8 ms
 for the chapter's (64, 10, 32) activations, about a third of a fast training step. MXNet's
 wheel ships its custom-operator library API (``include/mxnet/lib_api.h``, ``src/lib_api.cc``),
-so `layer_norm.cc` here adds two operators with one pass over the rows, forward and backward:
-``d2t_layer_norm`` (LayerNorm over the last axis) and ``d2t_add_layer_norm`` (LayerNorm of a
-sum, the chapter's post-norm AddNorm in one operator); `attention.cc` adds ``d2t_attention``:
-the multi-head attention core (split heads, scores / sqrt(d), d2l's masked softmax, weighted
-sum, merge heads — 12 MXNet operators and their backward passes) reading the heads in place;
+so `layer_norm.cc` here adds ``d2t_add_layer_norm``, the chapter's post-norm AddNorm (LayerNorm
+of a sum) in one operator with one pass over the rows, forward and backward; `attention.cc`
+adds ``d2t_attention``: the multi-head attention core with valid lengths (split heads, scores /
+sqrt(d), d2l's masked softmax, weighted sum, merge heads — 12 MXNet operators and their
+backward passes) reading the heads in place;
 `softmax_ce.cc` adds ``d2t_softmax_ce``: the masked (label-smoothed) softmax cross-entropy,
 whose MXNet form (log_softmax, pick, mean over the vocabulary) took half of a `full`-preset
 step. Dropout inside the kernels (d2l 9.1's on the
@@ -148,7 +148,7 @@ def load():
         try:
             mx.library.load(build(), verbose=False)
             _state["loaded"] = all(hasattr(mx.sym, op) for op in (
-                "d2t_add_layer_norm", "d2t_attention_masked", "d2t_softmax_ce",
+                "d2t_add_layer_norm", "d2t_attention", "d2t_softmax_ce",
                 "d2t_omp_threads"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
@@ -191,14 +191,12 @@ def active():
 
 
 def layer_norm(F, data, residual, gamma, beta, eps, dropout=0.0):
-    """``LayerNorm(data + residual)`` (or of `data` alone) over the last axis, in a graph.
+    """``LayerNorm(data + residual)`` over the last axis (the chapter's AddNorm), in a graph.
 
-    F: the graph's operator module (``mx.sym``); numpy symbols in and out. ``dropout`` p > 0
-    (with a residual): ``LayerNorm(Dropout(data) + residual)``, AddNorm's dropout drawn inside
-    the operator when MXNet is training (`training_flag`), MXNet's Dropout distribution."""
-    nd = [x.as_nd_ndarray() for x in (data, residual, gamma, beta) if x is not None]
-    if residual is None:
-        return F.d2t_layer_norm(*nd, eps=eps).as_np_ndarray()
+    F: the graph's operator module (``mx.sym``); numpy symbols in and out. ``dropout`` p > 0:
+    ``LayerNorm(Dropout(data) + residual)``, AddNorm's dropout drawn inside the operator when
+    MXNet is training (`training_flag`), MXNet's Dropout distribution."""
+    nd = [x.as_nd_ndarray() for x in (data, residual, gamma, beta)]
     if dropout > 0:
         out = F.d2t_add_layer_norm(*nd, training_flag(F).as_nd_ndarray(), eps=eps,
                                    dropout=repr(float(dropout)))
@@ -206,26 +204,24 @@ def layer_norm(F, data, residual, gamma, beta, eps, dropout=0.0):
     return F.d2t_add_layer_norm(*nd, eps=eps).as_np_ndarray()
 
 
-def attention(F, query, key, value, valid_length, num_heads, causal, scale, dropout=0.0):
+def attention(F, query, key, value, valid_length, num_heads, scale, dropout=0.0):
     """The chapter's multi-head attention core, from projected queries/keys/values to the
     concatenated heads, in one operator (`attention.cc`), in a graph.
 
-    query: (batch, Tq, hidden); key, value: (batch, Tk, hidden); valid_length: None, (batch,)
-    or (batch, Tq) per example (not repeated per head). Returns (batch, Tq, hidden): what
-    ``transpose_output(attention(transpose_qkv(...)))`` returns, with the scores divided by
-    `scale` (sqrt(d)) and d2l's masked softmax (``causal``: keys after each query hidden).
+    query: (batch, Tq, hidden); key, value: (batch, Tk, hidden); valid_length: (batch,) or
+    (batch, Tq) per example (not repeated per head; the decoder's causal lengths are (batch,
+    Tq)). Returns (batch, Tq, hidden): what ``transpose_output(attention(transpose_qkv(...)))``
+    returns, with the scores divided by `scale` (sqrt(d)) and d2l's masked softmax.
     ``dropout`` p > 0: the weights' dropout (d2l 9.1), drawn inside the operator when MXNet is
     training; the graph tells the operator whether it is by a one-element MXNet Dropout
     (identity at inference, 0 or 2 in training), so a graph traced once serves both modes."""
-    nd = [query.as_nd_ndarray(), key.as_nd_ndarray(), value.as_nd_ndarray()]
-    attrs = {"num_heads": num_heads, "causal": int(bool(causal)), "scale": repr(float(scale))}
-    if valid_length is not None:
-        nd.append(valid_length.astype("float32").as_nd_ndarray())  # (batch,) or (batch, Tq)
+    nd = [query.as_nd_ndarray(), key.as_nd_ndarray(), value.as_nd_ndarray(),
+          valid_length.astype("float32").as_nd_ndarray()]  # (batch,) or (batch, Tq)
+    attrs = {"num_heads": num_heads, "scale": repr(float(scale))}
     if dropout > 0:
         attrs["dropout"] = repr(float(dropout))
         nd.append(training_flag(F).as_nd_ndarray())  # (1,)
-    op = F.d2t_attention if valid_length is None else F.d2t_attention_masked
-    out = op(*nd, **attrs)
+    out = F.d2t_attention(*nd, **attrs)
     return (out[0] if dropout > 0 else out).as_np_ndarray()  # (batch, Tq, hidden)
 
 

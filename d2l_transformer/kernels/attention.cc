@@ -3,15 +3,15 @@
 // weights, the weighted sum and transpose_output of the chapter's MultiHeadAttention, forward
 // and backward, in one operator that reads the heads in place (no transposes).
 //
-//   d2t_attention(q, k, v[, valid_length][, train]; num_heads, causal, scale[, dropout])
+//   d2t_attention(q, k, v, valid_length[, train]; num_heads, scale[, dropout])
 //     -> out (batch, Tq, H * d)[, keep (batch, H, Tq, Tk) uint8 when dropout > 0]
 //
 // q: (batch, Tq, H * d), k and v: (batch, Tk, H * d) — head h is columns h*d .. h*d + d, the
-// layout transpose_qkv splits. valid_length: (batch,) or (batch, Tq), float32. Query i of an
-// example sees keys j < L with L = min(valid length, Tk - Tq + i + 1 if causal); L is clamped
-// to Tk. Scores are dot(q_i, k_j) / scale (the chapter's / sqrt(d)); masked keys get weight 0
-// (d2l fills -1e6, whose exp is 0 in float32); L <= 0 gives d2l's uniform weights 1 / Tk and
-// no gradient to q or k. float32 only.
+// layout transpose_qkv splits. valid_length: (batch,) or (batch, Tq) (the decoder's causal
+// lengths), float32. Query i of an example sees keys j < L, L its valid length clamped to Tk.
+// Scores are dot(q_i, k_j) / scale (the chapter's / sqrt(d)); masked keys get weight 0 (d2l
+// fills -1e6, whose exp is 0 in float32); L <= 0 gives d2l's uniform weights 1 / Tk and no
+// gradient to q or k. float32 only.
 //
 // dropout = p > 0 (d2l 9.1's Dropout on the attention weights): one more input, `train`
 // (1,), nonzero when MXNet is training (the caller derives it in the graph from a Dropout op,
@@ -31,6 +31,7 @@
 
 using namespace mxnet::ext;
 using d2t::attr;
+using d2t::dropout_of;
 using d2t::in;
 using d2t::out;
 
@@ -41,31 +42,12 @@ constexpr int64_t kParallelWork = 1 << 18;
 
 struct Dims {
   int64_t batch, tq, tk, heads, d, width;  // width = heads * d
-  bool causal, has_length, length_per_query;
+  bool length_per_query;
   float scale, dropout;
 };
 
-float dropout_of(const std::unordered_map<std::string, std::string>& attrs) {
-  return std::stof(attr(attrs, "dropout", "0"));
-}
-
-// q, k, v[, valid_length][, train]; out[, keep]
-MXReturnValue parse_attrs(const std::unordered_map<std::string, std::string>& attrs, int* num_in,
-                          int* num_out, int base_inputs) {
-  const bool dropout = dropout_of(attrs) > 0.f;
-  *num_in = base_inputs + dropout;
-  *num_out = 1 + dropout;
-  return MX_SUCCESS;
-}
-
-template <int BASE_INPUTS>
-MXReturnValue parse(const std::unordered_map<std::string, std::string>& attrs, int* num_in,
-                    int* num_out) {
-  return parse_attrs(attrs, num_in, num_out, BASE_INPUTS);
-}
-
 Dims dims_of(const std::unordered_map<std::string, std::string>& attrs, const MXTensor& q,
-             const MXTensor& k, const MXTensor* length) {
+             const MXTensor& k, const MXTensor& length) {
   Dims s;
   s.batch = q.shape[0];
   s.tq = q.shape[1];
@@ -73,10 +55,8 @@ Dims dims_of(const std::unordered_map<std::string, std::string>& attrs, const MX
   s.width = q.shape[2];
   s.heads = std::stoi(attr(attrs, "num_heads", "1"));
   s.d = s.width / s.heads;
-  s.causal = attr(attrs, "causal", "0") == "1";
   s.scale = std::stof(attr(attrs, "scale", "1"));
-  s.has_length = length != nullptr;
-  s.length_per_query = s.has_length && length->shape.size() == 2;
+  s.length_per_query = length.shape.size() == 2;
   s.dropout = dropout_of(attrs);
   return s;
 }
@@ -84,13 +64,8 @@ Dims dims_of(const std::unordered_map<std::string, std::string>& attrs, const MX
 
 // The number of keys query i of example b sees (0: d2l's fully masked row).
 inline int64_t keys_seen(const Dims& s, const float* length, int64_t b, int64_t i) {
-  int64_t L = s.tk;
-  if (s.has_length) {
-    const float v = s.length_per_query ? length[b * s.tq + i] : length[b];
-    L = std::min<int64_t>(L, static_cast<int64_t>(v));
-  }
-  if (s.causal) L = std::min<int64_t>(L, s.tk - s.tq + i + 1);
-  return std::max<int64_t>(L, 0);
+  const float v = s.length_per_query ? length[b * s.tq + i] : length[b];
+  return std::max<int64_t>(std::min<int64_t>(s.tk, static_cast<int64_t>(v)), 0);
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -136,16 +111,15 @@ inline float dropout_row(const Dims& s, bool train, d2t::Dropout* draws, uint8_t
   return train ? 1.f / (1.f - s.dropout) : 1.f;
 }
 
-// inputs: q, k, v[, length][, train]; outputs: out[, keep]. One (example, head) per task.
-template <bool HAS_LENGTH>
+// inputs: q, k, v, length[, train]; outputs: out[, keep]. One (example, head) per task.
 MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
                       std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                       const OpResource& res) {
   const MXTensor &q = (*inputs)[0], &k = (*inputs)[1], &v = (*inputs)[2];
-  const float* length = HAS_LENGTH ? in((*inputs)[3]) : nullptr;
-  const Dims s = dims_of(attrs, q, k, HAS_LENGTH ? &(*inputs)[3] : nullptr);
+  const float* length = in((*inputs)[3]);
+  const Dims s = dims_of(attrs, q, k, (*inputs)[3]);
   const bool dropout = s.dropout > 0.f;
-  const bool train = dropout && in((*inputs)[3 + HAS_LENGTH])[0] != 0.f;
+  const bool train = dropout && in((*inputs)[4])[0] != 0.f;
   uint8_t* keep = dropout ? static_cast<uint8_t*>((*outputs)[1].data_ptr) : nullptr;
   const uint64_t seed = train ? d2t::dropout_seed(res) : 0;
   float* o = out((*outputs)[0]);
@@ -176,19 +150,18 @@ MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
   return MX_SUCCESS;
 }
 
-// inputs: dout[, dkeep], q, k, v[, length][, train], out[, keep];
-// outputs: dq, dk, dv[, dlength][, dtrain] (the last two: zeros). One (example, head) per task.
-template <bool HAS_LENGTH>
+// inputs: dout[, dkeep], q, k, v, length[, train], out[, keep];
+// outputs: dq, dk, dv, dlength[, dtrain] (the last two: zeros). One (example, head) per task.
 MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs,
                        std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                        const OpResource& res) {
   const bool dropout = dropout_of(attrs) > 0.f;
-  const int num_out = 1 + dropout, num_in = 3 + HAS_LENGTH + dropout;
+  const int num_out = 1 + dropout, num_in = 4 + dropout;
   const MXTensor &dout = (*inputs)[0], &q = (*inputs)[num_out], &k = (*inputs)[num_out + 1],
                  &v = (*inputs)[num_out + 2];
-  const float* length = HAS_LENGTH ? in((*inputs)[num_out + 3]) : nullptr;
-  const Dims s = dims_of(attrs, q, k, HAS_LENGTH ? &(*inputs)[num_out + 3] : nullptr);
-  const bool train = dropout && in((*inputs)[num_out + 3 + HAS_LENGTH])[0] != 0.f;
+  const float* length = in((*inputs)[num_out + 3]);
+  const Dims s = dims_of(attrs, q, k, (*inputs)[num_out + 3]);
+  const bool train = dropout && in((*inputs)[num_out + 4])[0] != 0.f;
   const uint8_t* keep =
       dropout ? static_cast<const uint8_t*>((*inputs)[num_out + num_in + 1].data_ptr) : nullptr;
   const float kept = train ? 1.f / (1.f - s.dropout) : 1.f;  // a kept weight's scale
@@ -238,7 +211,6 @@ MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs
   return MX_SUCCESS;
 }
 
-template <bool HAS_LENGTH>
 MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& attrs,
                           std::vector<std::vector<unsigned int>>* in_shapes,
                           std::vector<std::vector<unsigned int>>* out_shapes) {
@@ -252,16 +224,14 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
     MX_ERROR_MSG << "d2t attention: width " << q[2] << " is not divisible by num_heads";
     return MX_FAIL;
   }
-  if (HAS_LENGTH) {
-    const auto& len = (*in_shapes)[3];
-    if (len.empty() || len.size() > 2 || len[0] != q[0] || (len.size() == 2 && len[1] != q[1])) {
-      MX_ERROR_MSG << "d2t attention: valid_length must be (batch,) or (batch, Tq)";
-      return MX_FAIL;
-    }
+  const auto& len = (*in_shapes)[3];
+  if (len.empty() || len.size() > 2 || len[0] != q[0] || (len.size() == 2 && len[1] != q[1])) {
+    MX_ERROR_MSG << "d2t attention: valid_length must be (batch,) or (batch, Tq)";
+    return MX_FAIL;
   }
   (*out_shapes)[0] = q;
   if (out_shapes->size() == 2) {  // dropout: the train flag (1,), the keep mask
-    const auto& train = (*in_shapes)[3 + HAS_LENGTH];
+    const auto& train = (*in_shapes)[4];
     if (train.size() != 1 || train[0] != 1) {
       MX_ERROR_MSG << "d2t attention: the train flag must have shape (1,)";
       return MX_FAIL;
@@ -271,32 +241,11 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
   return MX_SUCCESS;
 }
 
-// float32 inputs; out float32, keep uint8
-MXReturnValue infer_type(const std::unordered_map<std::string, std::string>& attrs,
-                         std::vector<int>* in_types, std::vector<int>* out_types) {
-  for (int t : *in_types) {
-    if (t != kFloat32) {
-      MX_ERROR_MSG << "d2t attention: float32 inputs only";
-      return MX_FAIL;
-    }
-  }
-  (*out_types)[0] = kFloat32;
-  if (out_types->size() == 2) (*out_types)[1] = kUint8;
-  return MX_SUCCESS;
-}
-
 }  // namespace
 
 REGISTER_OP(d2t_attention)
-.setForward(forward<false>, "cpu")
-.setBackward(backward<false>, "cpu")
-.setParseAttrs(parse<3>)
-.setInferType(infer_type)
-.setInferShape(infer_shape<false>);
-
-REGISTER_OP(d2t_attention_masked)
-.setForward(forward<true>, "cpu")
-.setBackward(backward<true>, "cpu")
-.setParseAttrs(parse<4>)
-.setInferType(infer_type)
-.setInferShape(infer_shape<true>);
+.setForward(forward, "cpu")
+.setBackward(backward, "cpu")
+.setParseAttrs(d2t::parse_attrs_dropout<4>)  // q, k, v, valid_length[, train]
+.setInferType(d2t::float32_and_keep)
+.setInferShape(infer_shape);

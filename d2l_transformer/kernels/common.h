@@ -1,5 +1,5 @@
-// What the d2l_transformer kernels share: float32 tensor access, the attribute and type
-// functions of a one-output float32 operator, a vectorizable log-sum-exp over a row, and
+// What the d2l_transformer kernels share: float32 tensor access, attributes, the type
+// function of the operators with a keep mask, a vectorizable log-sum-exp over a row, and
 // dropout's random draws (MXNet 1.9's custom-operator library API).
 #ifndef D2L_TRANSFORMER_KERNELS_COMMON_H_
 #define D2L_TRANSFORMER_KERNELS_COMMON_H_
@@ -86,9 +86,10 @@ MXReturnValue parse_attrs(const Attrs& attrs, int* num_in, int* num_out) {
   return mxnet::ext::MX_SUCCESS;
 }
 
-// Every input float32 (the model's dtype); the output float32.
-inline MXReturnValue float32_only(const Attrs& attrs, std::vector<int>* in_types,
-                                  std::vector<int>* out_types) {
+// Every input float32 (the model's dtype); the output float32 and, with dropout, the keep
+// mask uint8 (the attention and add & norm operators).
+inline MXReturnValue float32_and_keep(const Attrs& attrs, std::vector<int>* in_types,
+                                      std::vector<int>* out_types) {
   for (int t : *in_types) {
     if (t != mxnet::ext::kFloat32) {
       MX_ERROR_MSG << "d2l_transformer kernels: float32 inputs only";
@@ -96,6 +97,20 @@ inline MXReturnValue float32_only(const Attrs& attrs, std::vector<int>* in_types
     }
   }
   (*out_types)[0] = mxnet::ext::kFloat32;
+  if (out_types->size() == 2) (*out_types)[1] = mxnet::ext::kUint8;
+  return mxnet::ext::MX_SUCCESS;
+}
+
+// The ``dropout`` attribute p (0: no dropout, no `train` input, no keep mask).
+inline float dropout_of(const Attrs& attrs) { return std::stof(attr(attrs, "dropout", "0")); }
+
+// NUM_IN inputs and one output; with dropout one more of each: the train flag (1,) and the
+// keep mask (the attention and add & norm operators).
+template <int NUM_IN>
+MXReturnValue parse_attrs_dropout(const Attrs& attrs, int* num_in, int* num_out) {
+  const bool dropout = dropout_of(attrs) > 0.f;
+  *num_in = NUM_IN + dropout;
+  *num_out = 1 + dropout;
   return mxnet::ext::MX_SUCCESS;
 }
 

@@ -1,12 +1,11 @@
-// Fused LayerNorm kernels for MXNet 1.9's custom-operator library API (fast path).
+// The fused add & norm kernel for MXNet 1.9's custom-operator library API (fast path).
 //
 // MXNet 1.9's CPU LayerNorm backward runs its reductions through the generic broadcast
-// reducer: ~0.8 ms for the chapter's (64, 10, 32) input, a third of a training step. These
-// two operators compute the same function in one pass over the rows:
+// reducer: ~0.8 ms for the chapter's (64, 10, 32) input, a third of a training step. This
+// operator computes the chapter's AddNorm in one pass over the rows:
 //
-//   d2t_layer_norm(data, gamma, beta; eps)        = LayerNorm over the last axis
 //   d2t_add_layer_norm(x, y, gamma, beta[, train]; eps[, dropout])
-//                                                 = LayerNorm(dropout(x) + y)   (AddNorm)
+//       = LayerNorm(dropout(x) + y) over the last axis
 //
 // y = (x - mean) / sqrt(var + eps) * gamma + beta, var the biased variance (as MXNet's).
 // Backward, per row with xhat = (x - mean) * rstd and g = dy * gamma:
@@ -32,6 +31,7 @@
 
 using namespace mxnet::ext;
 using d2t::attr;
+using d2t::dropout_of;
 using d2t::in;
 using d2t::out;
 
@@ -41,8 +41,6 @@ constexpr int64_t kBlock = 64;
 constexpr int64_t kParallelWork = 1 << 16;  // below this many elements, one thread
 
 float eps_of(const d2t::Attrs& attrs) { return std::stof(attr(attrs, "eps", "1e-5")); }
-
-float dropout_of(const d2t::Attrs& attrs) { return std::stof(attr(attrs, "dropout", "0")); }
 
 // Sum of a[0:n] in 8 independent partial sums: no add-latency chain, and the compiler
 // vectorizes it (a single accumulator made the kernel latency-bound, ~1 ns per element).
@@ -71,11 +69,10 @@ struct RowDropout {
   float scale;
 };
 
-// The row's input: x, or x + y written into `sum` (AddNorm's sum, in that order), x times
-// its keep mask and scale first with dropout.
+// The row's input: x + y written into `sum` (AddNorm's sum, in that order), x times its keep
+// mask and scale first with dropout.
 inline const float* row_input(const float* x, const float* y, const uint8_t* keep, float scale,
                               int64_t D, float* sum) {
-  if (y == nullptr) return x;
   if (keep == nullptr) {
     for (int64_t j = 0; j < D; ++j) sum[j] = x[j] + y[j];
   } else {
@@ -84,7 +81,7 @@ inline const float* row_input(const float* x, const float* y, const uint8_t* kee
   return sum;
 }
 
-// out = LayerNorm(dropout(x) [+ y]); x, y, out: (rows, D). With `drop.keep` and `draws`
+// out = LayerNorm(dropout(x) + y); x, y, out: (rows, D). With `drop.keep` and `draws`
 // (training), the row's keep mask is drawn first; with `drop.keep` alone, every element kept.
 void ln_forward(const float* x, const float* y, const float* gamma, const float* beta, float* out,
                 int64_t rows, int64_t D, float eps, RowDropout drop, uint64_t seed, float p,
@@ -98,8 +95,7 @@ void ln_forward(const float* x, const float* y, const float* gamma, const float*
         d2t::Dropout draws(seed, r, p);
         for (int64_t j = 0; j < D; ++j) keep[j] = train ? draws.keep() : 1;
       }
-      const float* in = row_input(x + r * D, y ? y + r * D : nullptr, keep, drop.scale, D,
-                                  sum.data());
+      const float* in = row_input(x + r * D, y + r * D, keep, drop.scale, D, sum.data());
       normalize_row(in, D, eps, xhat.data());
       float* o = out + r * D;
       for (int64_t j = 0; j < D; ++j) o[j] = xhat[j] * gamma[j] + beta[j];
@@ -107,7 +103,7 @@ void ln_forward(const float* x, const float* y, const float* gamma, const float*
   }
 }
 
-// dx (the gradient of x [+ y]), dy, dgamma, dbeta from dout; dy == dx before x's dropout.
+// dx, dy, dgamma, dbeta from dout; dy == dx before x's dropout.
 void ln_backward(const float* dout, const float* x, const float* y, const float* gamma,
                  float* dx, float* dy, float* dgamma, float* dbeta, int64_t rows, int64_t D,
                  float eps, RowDropout drop) {
@@ -119,8 +115,7 @@ void ln_backward(const float* dout, const float* x, const float* y, const float*
     float *pg = partial.data() + blk * 2 * D, *pb = pg + D;
     for (int64_t r = blk * kBlock; r < std::min(rows, (blk + 1) * kBlock); ++r) {
       const uint8_t* keep = drop.keep ? drop.keep + r * D : nullptr;
-      const float* in = row_input(x + r * D, y ? y + r * D : nullptr, keep, drop.scale, D,
-                                  sum.data());
+      const float* in = row_input(x + r * D, y + r * D, keep, drop.scale, D, sum.data());
       const float rstd = normalize_row(in, D, eps, xhat.data());
       const float* dyr = dout + r * D;
       for (int64_t j = 0; j < D; ++j) {
@@ -132,7 +127,7 @@ void ln_backward(const float* dout, const float* x, const float* y, const float*
       const float mg = sum8(g.data(), D) / D, mgx = sum8(gx.data(), D) / D;
       float* d = dx + r * D;
       for (int64_t j = 0; j < D; ++j) d[j] = rstd * (g[j] - mg - xhat[j] * mgx);
-      if (dy != nullptr) std::copy(d, d + D, dy + r * D);  // d(x + y)/dy == d(x + y)/dx
+      std::copy(d, d + D, dy + r * D);  // d(x + y)/dy == d(x + y)/dx
       if (keep != nullptr)
         for (int64_t j = 0; j < D; ++j) d[j] = keep[j] ? d[j] * drop.scale : 0.f;
     }
@@ -150,95 +145,66 @@ void ln_backward(const float* dout, const float* x, const float* y, const float*
 int64_t last_dim(const MXTensor& t) { return t.shape.back(); }
 
 
-// inputs: data, gamma, beta (or x, y, gamma, beta[, train]); outputs: out[, keep]
-template <bool ADD>
+// inputs: x, y, gamma, beta[, train]; outputs: out[, keep]
 MXReturnValue forward(const std::unordered_map<std::string, std::string>& attrs,
                       std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                       const OpResource& res) {
   const MXTensor& x = (*inputs)[0];
   const int64_t D = last_dim(x), rows = x.size() / D;
-  const float p = ADD ? dropout_of(attrs) : 0.f;
+  const float p = dropout_of(attrs);
   const bool train = p > 0.f && in((*inputs)[4])[0] != 0.f;
   RowDropout drop{p > 0.f ? static_cast<uint8_t*>((*outputs)[1].data_ptr) : nullptr,
                   train ? 1.f / (1.f - p) : 1.f};
-  ln_forward(in(x), ADD ? in((*inputs)[1]) : nullptr, in((*inputs)[ADD + 1]),
-             in((*inputs)[ADD + 2]), out((*outputs)[0]), rows, D, eps_of(attrs), drop,
-             train ? d2t::dropout_seed(res) : 0, p, train);
+  ln_forward(in(x), in((*inputs)[1]), in((*inputs)[2]), in((*inputs)[3]), out((*outputs)[0]),
+             rows, D, eps_of(attrs), drop, train ? d2t::dropout_seed(res) : 0, p, train);
   return MX_SUCCESS;
 }
 
 // inputs: dout[, dkeep], then the forward's inputs, then its outputs;
-// outputs: dx[, dy], dgamma, dbeta[, dtrain (zeros)]
-template <bool ADD>
+// outputs: dx, dy, dgamma, dbeta[, dtrain (zeros)]
 MXReturnValue backward(const std::unordered_map<std::string, std::string>& attrs,
                        std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                        const OpResource& res) {
-  const float p = ADD ? dropout_of(attrs) : 0.f;
-  const int num_out = 1 + (p > 0.f), num_in = ADD ? 4 + (p > 0.f) : 3;
+  const float p = dropout_of(attrs);
+  const int num_out = 1 + (p > 0.f), num_in = 4 + (p > 0.f);
   const MXTensor& x = (*inputs)[num_out];
   const int64_t D = last_dim(x), rows = x.size() / D;
   const bool train = p > 0.f && in((*inputs)[num_out + 4])[0] != 0.f;
   RowDropout drop{p > 0.f ? static_cast<uint8_t*>((*inputs)[num_out + num_in + 1].data_ptr)
                           : nullptr,
                   train ? 1.f / (1.f - p) : 1.f};
-  ln_backward(in((*inputs)[0]), in(x), ADD ? in((*inputs)[num_out + 1]) : nullptr,
-              in((*inputs)[num_out + ADD + 1]), out((*outputs)[0]),
-              ADD ? out((*outputs)[1]) : nullptr, out((*outputs)[ADD + 1]),
-              out((*outputs)[ADD + 2]), rows, D, eps_of(attrs), drop);
+  ln_backward(in((*inputs)[0]), in(x), in((*inputs)[num_out + 1]), in((*inputs)[num_out + 2]),
+              out((*outputs)[0]), out((*outputs)[1]), out((*outputs)[2]), out((*outputs)[3]),
+              rows, D, eps_of(attrs), drop);
   if (p > 0.f && (*outputs)[4].data_ptr != nullptr) out((*outputs)[4])[0] = 0.f;  // dtrain
   return MX_SUCCESS;
 }
 
-template <int NUM_DATA>
-MXReturnValue parse_attrs(const d2t::Attrs& attrs, int* num_in, int* num_out) {
-  const bool dropout = NUM_DATA == 2 && dropout_of(attrs) > 0.f;
-  *num_in = NUM_DATA + 2 + dropout;
-  *num_out = 1 + dropout;
-  return MX_SUCCESS;
-}
-
-// float32 inputs; out float32, keep uint8
-MXReturnValue infer_type(const d2t::Attrs& attrs, std::vector<int>* in_types,
-                         std::vector<int>* out_types) {
-  for (int t : *in_types) {
-    if (t != kFloat32) {
-      MX_ERROR_MSG << "d2l_transformer kernels: float32 inputs only";
-      return MX_FAIL;
-    }
-  }
-  (*out_types)[0] = kFloat32;
-  if (out_types->size() == 2) (*out_types)[1] = kUint8;
-  return MX_SUCCESS;
-}
-
-template <int NUM_DATA>
 MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& attrs,
                           std::vector<std::vector<unsigned int>>* in_shapes,
                           std::vector<std::vector<unsigned int>>* out_shapes) {
   const auto& data = (*in_shapes)[0];
   if (data.empty()) {
-    MX_ERROR_MSG << "d2t layer norm: data needs at least one axis";
+    MX_ERROR_MSG << "d2t add layer norm: x needs at least one axis";
     return MX_FAIL;
   }
-  for (int i = 1; i < NUM_DATA; ++i) {
-    if ((*in_shapes)[i] != data) {
-      MX_ERROR_MSG << "d2t add layer norm: x and y must have the same shape";
-      return MX_FAIL;
-    }
+  if ((*in_shapes)[1] != data) {
+    MX_ERROR_MSG << "d2t add layer norm: x and y must have the same shape";
+    return MX_FAIL;
   }
-  for (int i = NUM_DATA; i < NUM_DATA + 2; ++i) {
+  for (int i = 2; i < 4; ++i) {
     auto& p = (*in_shapes)[i];
     // unknown (deferred initialisation): numpy-shape semantics pass -1, seen here as unsigned
     if (p.empty() || (p.size() == 1 && (p[0] == 0 || p[0] == static_cast<unsigned>(-1))))
       p = {data.back()};
     if (p.size() != 1 || p[0] != data.back()) {
-      MX_ERROR_MSG << "d2t layer norm: gamma and beta must have shape (" << data.back() << ",)";
+      MX_ERROR_MSG << "d2t add layer norm: gamma and beta must have shape (" << data.back() << ",)";
       return MX_FAIL;
     }
   }
   (*out_shapes)[0] = data;
   if (out_shapes->size() == 2) {  // dropout: the train flag (1,), the keep mask
-    const auto& train = (*in_shapes)[NUM_DATA + 2];
+    const auto& train = (*in_shapes)[4];
     if (train.size() != 1 || train[0] != 1) {
       MX_ERROR_MSG << "d2t add layer norm: the train flag must have shape (1,)";
       return MX_FAIL;
@@ -250,19 +216,12 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
 
 }  // namespace
 
-REGISTER_OP(d2t_layer_norm)
-.setForward(forward<false>, "cpu")
-.setBackward(backward<false>, "cpu")
-.setParseAttrs(parse_attrs<1>)
-.setInferType(infer_type)
-.setInferShape(infer_shape<1>);
-
 REGISTER_OP(d2t_add_layer_norm)
-.setForward(forward<true>, "cpu")
-.setBackward(backward<true>, "cpu")
-.setParseAttrs(parse_attrs<2>)
-.setInferType(infer_type)
-.setInferShape(infer_shape<2>);
+.setForward(forward, "cpu")
+.setBackward(backward, "cpu")
+.setParseAttrs(d2t::parse_attrs_dropout<4>)  // x, y, gamma, beta[, train]
+.setInferType(d2t::float32_and_keep)
+.setInferShape(infer_shape);
 
 MXReturnValue initialize(int version) {
   return version >= 10900 ? MX_SUCCESS : MX_FAIL;

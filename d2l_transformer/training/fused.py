@@ -5,10 +5,11 @@ the loss, subclasses that run a kernel where a graph traced inside ``kernels.fus
 CPU computes the same function, and the chapter's own code everywhere else (imperative calls,
 GPU contexts, kernels switched off). The chapter's files do not know this module.
 
-* attention: ``transpose_qkv``, scores / sqrt(d), the masked softmax, the weights' dropout, the
-  weighted sum and ``transpose_output`` as one operator (`kernels.attention`); without the
-  kernels, a graph's masked softmax is MXNet's ``softmax(length=...)`` (the same
-  probabilities to 1e-7: exp(-1e6 - max) is 0 in float32) and sqrt(d) a Python float;
+* attention with valid lengths (every attention of the chapter's training graph):
+  ``transpose_qkv``, scores / sqrt(d), the masked softmax, the weights' dropout, the weighted
+  sum and ``transpose_output`` as one operator (`kernels.attention`); without the kernels, a
+  graph's masked softmax is MXNet's ``softmax(length=...)`` (the same probabilities to 1e-7:
+  exp(-1e6 - max) is 0 in float32) and sqrt(d) a Python float;
 * add & norm: ``LayerNorm(dropout(Y) + X)`` as one operator (`kernels.layer_norm`);
 * the loss: a label-smoothed or per-token `MaskedSoftmaxCELoss` as one operator
   (`kernels.softmax_ce`); the chapter's own loss keeps MXNet's operators.
@@ -50,14 +51,15 @@ class GraphDotProductAttention(DotProductAttention):
 
 
 class FusedMultiHeadAttention(MultiHeadAttention):
-    """Projections, then the attention core as one kernel, then W_o."""
+    """Projections, then the attention core with valid lengths as one kernel, then W_o."""
 
     def hybrid_forward(self, F, query, key, value, valid_length=None):
         rate = self.attention.dropout._rate
-        if not _kernels_on(F) or self.exact_chapter or not 0 <= rate < 1:
+        if not _kernels_on(F) or self.exact_chapter or valid_length is None \
+                or not 0 <= rate < 1:
             return super().hybrid_forward(F, query, key, value, valid_length)
         output = kernels.attention(F, self.W_q(query), self.W_k(key), self.W_v(value),
-                                   valid_length, self.num_heads, False, self.attention.sqrt_d,
+                                   valid_length, self.num_heads, self.attention.sqrt_d,
                                    rate)  # (batch, q, hidden), the heads read in place
         return self.W_o(output)
 
