@@ -39,6 +39,11 @@ def compare_table(runs):
         rows.append([sentence, expected] + cells)
     rows.append(["tokens/sec", "-"] + [f"{s['tokens_per_sec']:.0f}" for _, s in runs])
     rows.append(["context", "gpu(0)"] + [s["ctx"] for _, s in runs])
+    return _table(header, rows)
+
+
+def _table(header, rows):
+    """Rows of cells as an aligned text table under `header`."""
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
 
     def fmt(r):
@@ -55,11 +60,17 @@ def load_run(directory):
     path = os.path.join(directory, "summary.json")
     with open(path, encoding="utf-8") as f:
         s = json.load(f)
-    missing = [k for k in ("loss", "loss_per_token", "translations", "tokens_per_sec", "ctx")
-               if k not in s]
+    needed = ("loss", "loss_per_token", "translations", "tokens_per_sec", "ctx") \
+        if s.get("edition", "0.11") == "0.11" else ("loss", "translations", "epoch_history")
+    missing = [k for k in needed if k not in s]
     if missing:
         raise ValueError(f"{path} is not a chapter run's summary (no {', '.join(missing)})")
     return (s.get("title") or ("exact chapter" if s.get("exact_chapter") else "corrected"), s)
+
+
+def is_chapter_code(summary):
+    """Whether a summary is scripts/chapter_oracle.py's: an edition's own code run."""
+    return "oracle" in summary
 
 
 CHAPTER_CODE = "chapter's code"  # the title scripts/chapter_oracle.py gives its summary
@@ -88,9 +99,10 @@ def agreement(chapter, ours):
 
 
 def agreements(runs):
-    """`agreement` lines for every (chapter's code, exact run) pair among `runs`."""
-    return [agreement(c, s) for title, c in runs if title == CHAPTER_CODE
-            for t, s in runs if t != CHAPTER_CODE and s.get("exact_chapter")]
+    """`agreement` lines for every (chapter's code, exact run) pair of one edition in `runs`."""
+    return [agreement(c, s) for _, c in runs if is_chapter_code(c)
+            for _, s in runs if not is_chapter_code(s) and s.get("exact_chapter")
+            and s.get("edition", "0.11") == c.get("edition", "0.11")]
 
 
 # the later editions' prediction cells: English sentence -> the French reference of d2l's bleu
@@ -138,3 +150,83 @@ EDITIONS = {
         "random": ("loss", "val_loss", "translations", "bleu"),
     },
 }
+
+
+def _near(value, printed):
+    """A later edition's run matches a printed loss within 15% of it (the book printed one
+    unseeded build; docs/editions.md lists the spread of the others)."""
+    return abs(value - printed) <= 0.15 * printed
+
+
+def book_units(summary):
+    """Whether a run's loss is in its book's units: the edition's own code's and exact runs'
+    always; a corrected 1.0 run's loss is per real token (the book's counts ``<pad>``)."""
+    return is_chapter_code(summary) or summary.get("exact_chapter") or summary.get("edition") != "1.0"
+
+
+def edition_table(edition, runs):
+    """`compare_table` for a later edition: its book's printed figures, then one column per
+    run (summaries of that edition): loss (and 1.0's validation loss), each sentence's
+    translation and d2l's bleu, tokens/sec, context."""
+    book = EDITIONS[edition]
+    header = ["", f"book (d2l {book['d2l']})"] + [title for title, _ in runs]
+
+    def loss_cell(s, key):
+        if s.get(key) is None:
+            return "-"
+        if not book_units(s):
+            return f"{s[key]:.3f} (per token)"
+        return f"{s[key]:.3f} ({'match' if _near(s[key], book[key]) else 'differs'})"
+
+    rows = [["loss", f"{book['loss']:.3f}"] + [loss_cell(s, "loss") for _, s in runs]]
+    if "val_loss" in book:
+        rows.append(["validation loss", f"{book['val_loss']:.3f}"]
+                    + [loss_cell(s, "val_loss") for _, s in runs])
+    for sentence, printed in book["translations"].items():
+        cells = []
+        for _, s in runs:
+            got, score = s["translations"].get(sentence, ""), (s.get("bleu") or {}).get(sentence)
+            cells.append(f"{got} ({'-' if score is None else f'{score:.3f}'}, "
+                         f"{'match' if got == printed else 'differs'})")
+        rows.append([sentence, f"{printed} ({book['bleu'][sentence]:.3f})"] + cells)
+    if book["tokens_per_sec"]:
+        rows.append(["tokens/sec", f"{book['tokens_per_sec']:.1f}"]
+                    + [f"{s['tokens_per_sec']:.1f}" if s.get("tokens_per_sec") else "-"
+                       for _, s in runs])
+    rows.append(["context", book["device"] or "-"] + [s.get("ctx", "-") for _, s in runs])
+    return f"{book['section']} (d2l {book['d2l']}):\n" + _table(header, rows)
+
+
+def compare(runs, edition=None):
+    """The text `d2l-transformer compare` prints: one table per edition among `runs` (the 2019
+    chapter's is `compare_table`), or `edition`'s alone, then the `agreements`."""
+    blocks = []
+    for name in EDITIONS if edition is None else [edition]:
+        mine = [(t, s) for t, s in runs if s.get("edition", "0.11") == name]
+        if mine or name == edition:
+            blocks.append(compare_table(mine) if name == "0.11" else edition_table(name, mine))
+    return "\n\n".join(blocks + ["\n".join(agreements(runs))] if agreements(runs) else blocks)
+
+
+def printed_lines(summary):
+    """What the edition's own cells print for a run: 2019's training line (``loss 0.033, 3364
+    tokens/sec on gpu(0)``) and translations (``Go . => va !``); 0.17's training line and its
+    prediction cell (``go . => va !,  bleu 1.000``); 1.0 prints no loss (it plots it), only
+    its prediction cell (``go . => ['va', '!'], bleu,1.000``)."""
+    edition, bleus = summary.get("edition", "0.11"), summary.get("bleu") or {}
+    if edition == "0.11":
+        return ["loss %.3f, %d tokens/sec on %s " % (summary["loss"], summary["tokens_per_sec"],
+                                                     summary["ctx"])] + \
+            [f"{s} => {t}" for s, t in summary["translations"].items()]
+    lines = []
+    if edition == "0.17":
+        lines.append(f"loss {summary['loss']:.3f}, {summary['tokens_per_sec']:.1f} tokens/sec "
+                     f"on {summary['ctx']}")
+    for sentence, translation in summary["translations"].items():
+        score = bleus.get(sentence)
+        score = "-" if score is None else f"{score:.3f}"
+        if edition == "0.17":
+            lines.append(f"{sentence} => {translation},  bleu {score}")
+        else:
+            lines.append(f"{sentence} => {translation.split()}, bleu,{score}")
+    return lines

@@ -13,8 +13,9 @@ import sys
 
 from . import checkpoint
 from ._guard import EXIT_BAD_INPUT, EXIT_BUG, EXIT_ERROR, guarded  # noqa: F401 (EXIT_BUG)
-from .book import agreements, compare_table, load_run
-from .config import PRESETS, load_overrides, parse_overrides, resume_overrides
+from .book import EDITIONS as PRINTED
+from .book import compare, load_run, printed_lines
+from .config import EDITIONS, PRESETS, load_overrides, parse_overrides, resume_overrides
 from .context import parse_ctx, parse_ctx_list
 from .data import DataError, TokenizerError
 from .distributed.kvstore import KVSTORES, create_kvstore
@@ -28,7 +29,6 @@ from .inference.export.ctranslate2 import QUANTIZATIONS
 from .inference.limits import ExactChapterError, SentenceError, require_corrected, sentence_tokens
 from .inference.translator import ALPHA, BEAM_SIZE
 from .io import atomic
-from .training import book_line
 from .training.run import RunError, train_model
 
 
@@ -157,8 +157,12 @@ def _train_config(args):
         overrides.update(parse_overrides(args.set or []))
         if args.resume:
             cfg = resume_overrides(checkpoint.load_config(args.out), overrides)
+        elif args.edition != "0.11" and args.preset != "chapter":
+            raise UserError(f"--edition {args.edition} is that edition's chapter run: it takes "
+                            f"no --preset {args.preset}")
         else:
-            cfg = PRESETS[args.preset].with_overrides(overrides)
+            preset = EDITIONS[args.edition] if args.preset == "chapter" else PRESETS[args.preset]
+            cfg = preset.with_overrides(overrides)
     except ValueError as e:
         if isinstance(e, checkpoint.CheckpointError):
             raise
@@ -187,9 +191,7 @@ def cmd_train(args):
                           patience=args.patience, average_last=args.average_last,
                           overwrite=args.overwrite)
     if "translations" in summary:  # rank 0 of a finished run
-        print(book_line(summary))
-        for sentence, translation in summary["translations"].items():
-            print(f"{sentence} => {translation}")
+        print("\n".join(printed_lines(summary)))
     return 0
 
 
@@ -228,9 +230,13 @@ def cmd_compare(args):
         runs = [load_run(d) for d in args.runs]
     except (OSError, ValueError) as e:  # load_run's errors are one line naming the file
         raise UserError(f"cannot read a run: {e}") from None
-    print(compare_table(runs))
-    for line in agreements(runs):  # a chapter's-code run (scripts/chapter_oracle.py) beside an exact one
-        print(line)
+    if args.edition is not None:
+        other = [d for d, (_, s) in zip(args.runs, runs) if s.get("edition", "0.11") != args.edition]
+        if other:
+            raise UserError(f"{other[0]} is a run of another edition than {args.edition}")
+    elif not runs:
+        raise UserError("give runs to compare, or --edition E for what that edition's book printed")
+    print(compare(runs, args.edition))
     return 0
 
 
@@ -248,6 +254,10 @@ def get_parser():
 
     t = sub.add_parser("train", help="train a model and keep it as a model directory")
     t.add_argument("--preset", choices=sorted(PRESETS), default="chapter")
+    t.add_argument("--edition", choices=sorted(EDITIONS), default="0.11",
+                   help="whose chapter run: d2l 0.11 (2019, the default), 0.17 (the classic "
+                        "edition) or 1.0 (the current book), with its data, sizes and loop "
+                        "(docs/editions.md)")
     t.add_argument("--epochs", type=int, default=None, help="default: the preset's")
     t.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
     t.add_argument("--seed", type=int, default=0)
@@ -370,8 +380,11 @@ def get_parser():
     x.set_defaults(func=cmd_export)
 
     c = sub.add_parser("compare", help="the book's output beside chapter runs")
-    c.add_argument("runs", nargs="+", help="model directories or chapter-script output directories "
+    c.add_argument("runs", nargs="*", help="model directories or chapter-script output directories "
                    "(also scripts/chapter_oracle.py's: the chapter's own code)")
+    c.add_argument("--edition", choices=sorted(PRINTED), default=None,
+                   help="only runs of this edition of the chapter; with no run, what its book "
+                        "printed (docs/editions.md)")
     c.set_defaults(func=cmd_compare)
     return p
 

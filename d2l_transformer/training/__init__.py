@@ -2,7 +2,7 @@
 the one loop that runs it; `training.run.train_model` is a whole run (data, model, checkpoints,
 the chapter's translations), imported on its own as the command line and the scripts do."""
 
-from .loop import book_line, set_seed, train_s2s_ch8
+from .loop import set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import ClipAdam, WarmupInverseSqrt, config_trainer, grad_clipping, make_trainer
 from .steps import TrainGraph

@@ -174,8 +174,3 @@ def _read(*values):
         out.extend([next(flat) for _ in range(v.size)] if isinstance(v, mx.nd.NDArray) else [float(v)])
     return out
 
-
-def book_line(summary):
-    """The line the book prints after training."""
-    return "loss %.3f, %d tokens/sec on %s " % (
-        summary["loss"], summary["tokens_per_sec"], summary["ctx"])

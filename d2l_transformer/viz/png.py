@@ -37,6 +37,25 @@ def plot_loss(history, path, num_epochs=None, label=None):
     return path
 
 
+def plot_losses(epoch_history, path, marks=None):
+    """d2l 1.0's figure: training and validation loss per epoch. epoch_history: [(epoch, train,
+    valid), ...]; ``marks``: ``{label: loss}`` drawn as points at the last epoch (the book's)."""
+    epochs = [e for e, _, _ in epoch_history]
+    fig, ax = plt.subplots(figsize=(3.5, 2.5))
+    ax.plot(epochs, [t for _, t, _ in epoch_history], label="train_loss")
+    ax.plot(epochs, [v for _, _, v in epoch_history], "--", label="val_loss")
+    for (label, loss), marker in zip((marks or {}).items(), "ox"):
+        ax.plot([epochs[-1]], [loss], marker, color="black", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_xlim(0, epochs[-1])
+    ax.grid(True)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def attention_maps(model, src_tokens, tgt_tokens, src_vocab, tgt_vocab, num_steps, ctx):
     """The attention weights of every layer and head for one sentence and its translation.
 
