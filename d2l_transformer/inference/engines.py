@@ -26,7 +26,7 @@ from ..config import TransformerConfig
 from ..data import Vocab
 from ..data import load_tokenizer as _tokenizer_of
 from .decode import chapter_greedy
-from .limits import BANNED, SentenceError, check_length, decode_limit, require_corrected
+from .limits import BANNED, check_lengths, check_search, decode_limit, require_corrected
 from .translator import ALPHA, Hypothesis, Translator, length_penalty
 
 ENGINES = ("mxnet", "ctranslate2")
@@ -51,13 +51,6 @@ def translator_options(cfg, no_unk=False):
     BLEU and chrF, greedy and beam 4, are unchanged to the last digit)."""
     return {"num_steps": cfg.num_steps, "no_unk": no_unk_for(cfg, no_unk),
             "pad_to_num_steps": cfg.tokenizer != "subword"}
-
-
-def _check_search(beam_size, n_best):
-    if beam_size < 1:
-        raise ValueError(f"beam size must be at least 1, not {beam_size}")
-    if n_best is not None and not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best must be 1 to the beam size {beam_size}, not {n_best}")
 
 
 class MXNetEngine:
@@ -93,9 +86,9 @@ class MXNetEngine:
     def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
         """`Translator.translate`; for an exact-chapter model the chapter's greedy loop (score
         None)."""
-        _check_search(beam_size, n_best)
         if self.translator is not None:
             return self.translator.translate(sentences, beam_size, alpha, n_best=n_best)
+        check_search(beam_size, n_best)
         if beam_size > 1:
             require_corrected(self.cfg, "beam search")
         hyps = [Hypothesis(chapter_greedy(self.model, s, self.src_vocab, self.tgt_vocab,
@@ -145,13 +138,9 @@ class CTranslate2Engine:
     def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
         """The same contract as `Translator.translate` (SentenceError naming the sentence for
         one no model can translate); sentences are decoded in groups of one length limit."""
-        _check_search(beam_size, n_best)
+        check_search(beam_size, n_best)
         sentences = [list(s) for s in sentences]
-        for i, tokens in enumerate(sentences):
-            try:
-                check_length(tokens, self.max_positions, max_tokens=None)
-            except SentenceError as e:
-                raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
+        check_lengths(sentences, self.max_positions)
         groups = {}
         for i, s in enumerate(sentences):
             groups.setdefault(self._limit(len(s)), []).append(i)

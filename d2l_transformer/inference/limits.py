@@ -55,6 +55,24 @@ def check_length(tokens, max_positions, max_tokens=MAX_TOKENS):
         raise SentenceError(f"{len(tokens)} tokens; at most {limit} ({whose})", too_large=True)
 
 
+def check_lengths(sentences, max_positions):
+    """`check_length` with no cap but the model's positions on each token list of a batch, the
+    SentenceError naming the sentence (``sentence 3: ``): what the engines translate."""
+    for i, tokens in enumerate(sentences):
+        try:
+            check_length(tokens, max_positions, max_tokens=None)
+        except SentenceError as e:
+            raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
+
+
+def check_search(beam_size, n_best=None):
+    """Refuse (ValueError) a beam size below 1, or an `n_best` outside 1 .. `beam_size`."""
+    if beam_size < 1:
+        raise ValueError(f"beam size must be at least 1, not {beam_size}")
+    if n_best is not None and not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be 1 to the beam size {beam_size}, not {n_best}")
+
+
 def check_sentence(tokens, src_vocab, max_positions, max_tokens=MAX_TOKENS):
     """`check_length`, and refuse (SentenceError) a sentence made only of words outside
     `src_vocab`: what the command line and the server translate."""

@@ -4,7 +4,8 @@ shapes (``static_alloc=True, static_shape=True``).
 `EncoderKV` runs the encoder once per batch and projects each decoder block's encoder-decoder
 keys and values once; `DecoderStep` feeds one new position per row through the chapter's
 DecoderBlock sequence, projecting only that position's self-attention keys and values into
-caches of a fixed length. The arithmetic is the chapter's blocks' own (their Dense layers,
+caches of a fixed length; `AttentionProbe` runs one teacher-forced pass for the attention
+weights of a translation. The arithmetic is the chapter's blocks' own (their Dense layers,
 `transpose_qkv`, `DotProductAttention`, AddNorm, FFN), written against the blocks' public
 attributes only, with MXNet's operators; a step equals the chapter's full decoder call in
 prediction mode (tests/test_translator.py).
@@ -153,3 +154,28 @@ class DecoderStep(nn.HybridBlock):
             new_caches += [K, V]
         logits = output_layer(dec, X)  # (rows, 1, V)
         return (F.npx.reshape(logits, (-2, -3, -2)), *new_caches)  # (rows, 1, V) -> (rows, V)
+
+
+class AttentionProbe(nn.HybridBlock):
+    """``graph(X (1, T), valid_length (1,), Y (1, m + 1), causal_length (1, m + 1))``: one
+    teacher-forced pass, the encoder then the decoder blocks over ``<bos> y_1 ... y_m`` with
+    the chapter's causal valid lengths (1, 2, ..., m + 1); its outputs are the attention
+    weights of every block, encoder self, decoder self, then encoder-decoder, each (heads,
+    queries, keys). Holds no weights."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder, self.decoder = model.encoder, model.decoder
+
+    def hybrid_forward(self, F, X, valid_length, Y, causal_length):
+        enc_outputs = self.encoder(X, valid_length)  # (1, T, d)
+        weights = [b.attention.attention.attention_weights for b in active_blocks(self.encoder)]
+        dec, cross = self.decoder, []
+        Z = dec.pos_encoding(embed(dec, Y))  # (1, m + 1, d)
+        for blk in active_blocks(dec):
+            Zn = prenorm(blk.addnorm_1, Z)
+            Z = decoder_block(F, blk, Z, Zn, *keys_values(F, blk.attention_1, Zn), causal_length,
+                              *keys_values(F, blk.attention_2, enc_outputs), valid_length)
+            weights.append(blk.attention_1.attention.attention_weights)
+            cross.append(blk.attention_2.attention.attention_weights)
+        return tuple(weights + cross)  # each (heads, queries, keys)

@@ -1,11 +1,6 @@
 """Translating with a trained model (the corrected model of d2l 9.3): one beam search over the
 key/value-cache step (`step.DecoderStep`), greedy decoding being its one-beam case, and the
-attention weights of a translation.
-
-**The source** (`Translator.encode_source`, its only encoding): ids (no ``<eos>`` appended, as
-in the chapter) padded with ``<pad>`` to max(`num_steps`, the batch's longest), never cut; the
-encoder masks the padding, so a translation does not depend on its batch (its tokens; its
-score to float rounding).
+attention weights of a translation (`step.AttentionProbe`).
 
 **The search** is gluonnlp 0.10's ``BeamSearchSampler`` with GNMT's score (Wu et al. 2016; the
 paper's 6.1 uses beam 4, alpha 0.6): ``log P(Y | x) / ((5 + |Y|) / 6) ** alpha``, |Y| counting
@@ -27,12 +22,11 @@ import weakref
 
 import numpy as onp
 from mxnet import np
-from mxnet.gluon import nn
 
 from .. import _graphs, kernels
 from ..data import truncate_pad
 from . import step as _step
-from .limits import BANNED, SentenceError, check_length, decode_limit, require_corrected
+from .limits import BANNED, check_lengths, check_search, decode_limit, require_corrected
 
 BEAM_SIZE, ALPHA = 4, 0.6  # the paper's (6.1)
 NEG = onp.float32(-1e18)  # the score of an impossible candidate (gluonnlp's LARGE_NEGATIVE_FLOAT)
@@ -112,33 +106,6 @@ def _settled(scores, alive, t, limits, alpha, n):
     return ~alive[:, :n].any(axis=1) & (scores[:, n - 1] > best_live + margin)
 
 
-class _AttentionProbe(nn.HybridBlock):
-    """One teacher-forced pass, the encoder then the decoder blocks over ``<bos> y_1 ... y_m``
-    with the chapter's causal valid lengths (1, 2, ..., m + 1), whose outputs are the attention
-    weights of every block: encoder self, decoder self, encoder-decoder, each (heads, queries,
-    keys) for a batch of one."""
-
-    def __init__(self, model, **kwargs):
-        super().__init__(**kwargs)
-        self.encoder, self.decoder = model.encoder, model.decoder
-
-    def hybrid_forward(self, F, X, valid_length, Y, causal_length):
-        enc_outputs = self.encoder(X, valid_length)  # (1, T, d)
-        weights = [b.attention.attention.attention_weights
-                   for b in _step.active_blocks(self.encoder)]
-        dec, cross = self.decoder, []
-        Z = dec.pos_encoding(_step.embed(dec, Y))  # (1, m + 1, d)
-        for blk in _step.active_blocks(dec):
-            Zn = _step.prenorm(blk.addnorm_1, Z)
-            Z = _step.decoder_block(F, blk, Z, Zn, *_step.keys_values(F, blk.attention_1, Zn),
-                                    causal_length,
-                                    *_step.keys_values(F, blk.attention_2, enc_outputs),
-                                    valid_length)
-            weights.append(blk.attention_1.attention.attention_weights)
-            cross.append(blk.attention_2.attention.attention_weights)
-        return tuple(weights + cross)  # each (heads, queries, keys)
-
-
 _GRAPHS = weakref.WeakKeyDictionary()  # model -> {key: its graph}, built once
 
 
@@ -171,31 +138,22 @@ class Translator:
         if no_unk and not suppress:
             raise ValueError("no_unk masks <unk>: it needs suppress=True")
         special = (BANNED + (("<unk>",) if no_unk else ())) if suppress else ()
-        self.banned = sorted({tgt_vocab[t] for t in special})  # target ids never emitted
         self._bias = onp.zeros((1, model.decoder.dense._units), "float32")  # (1, V)
-        self._bias[0, self.banned] = NEG
-        self._shapes_known = False  # `_initialized` has run
-        self._positions = []  # [array([0]), array([1]), ...] on the device
+        self._bias[0, sorted({tgt_vocab[t] for t in special})] = NEG  # never emitted
 
     # ------------------------------------------------------------------------------ the source
     def encode_source(self, sentences):
-        """Token lists -> ``(X (batch, width), valid_length (batch,))`` on the device: ids
-        padded to width = max(num_steps, longest) (``pad_to_num_steps=False``: the longest),
-        never truncated. An empty sentence, or one longer than the model's positions, raises
-        SentenceError (`limits.check_length`)."""
-        self._check(sentences)
+        """Token lists -> ``(X (batch, width), valid_length (batch,))`` on the device, the
+        translator's only source encoding: ids (no ``<eos>`` appended, as in the chapter)
+        padded with ``<pad>`` to width = max(num_steps, longest) (``pad_to_num_steps=False``:
+        the longest), never cut. The encoder masks the padding, so a translation does not
+        depend on its batch (its tokens; its score to float rounding). An empty sentence, or
+        one longer than the model's positions, raises SentenceError (`limits.check_lengths`)."""
+        check_lengths(sentences, self.max_source)
         ids = [self.src_vocab[list(tokens)] for tokens in sentences]
         width = max([self.min_width] + [len(t) for t in ids])
         X = np.array([truncate_pad(t, width, self.pad) for t in ids], ctx=self.ctx)  # (batch, width)
         return X, np.array([len(t) for t in ids], ctx=self.ctx)  # valid lengths: (batch,)
-
-    def _check(self, sentences):
-        """`limits.check_length` (the rule the CLI and the server apply too) on each sentence."""
-        for i, tokens in enumerate(sentences):
-            try:
-                check_length(tokens, self.max_source, max_tokens=None)
-            except SentenceError as e:
-                raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
 
     def _limit(self, source_length):
         if self.max_length is not None:
@@ -211,15 +169,12 @@ class Translator:
         `beam_size`): a list of each sentence's n best finished beams instead, best first (the
         first is the hypothesis returned without it; beams the search could not fill are left
         out)."""
-        if beam_size < 1:
-            raise ValueError(f"beam size must be at least 1, not {beam_size}")
-        if n_best is not None and not 1 <= n_best <= beam_size:
-            raise ValueError(f"n_best must be 1 to the beam size {beam_size}, not {n_best}")
+        check_search(beam_size, n_best)
         vocab = self._bias.shape[1]
         if beam_size > vocab:
             raise ValueError(f"beam size {beam_size} is larger than the vocabulary ({vocab})")
         sentences = [list(s) for s in sentences]
-        self._check(sentences)  # numbered as given, before the batches are sorted
+        check_lengths(sentences, self.max_source)  # numbered as given, before sorting
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # less padding
         out = [None] * len(sentences)
         # OpenMP threads for the output layer's size (`_threads`)
@@ -235,36 +190,24 @@ class Translator:
         return out
 
     def _graph(self, name, build, static=True):
-        """The model's graph `name` on this device type, built (`build()`) and hybridized once;
-        tracked so that a block's change (`_graphs.invalidate`) traces it again."""
+        """The model's graph `name` on this device type, built (`build()`) and hybridized once,
+        after one imperative call on a dummy sentence if the model's initialisation is still
+        deferred (the graphs need the weights' shapes); tracked so that a block's change
+        (`_graphs.invalidate`) traces it again."""
         graphs = _GRAPHS.setdefault(self.model, {})
         key = (name, self.ctx.device_type)
         if key not in graphs:
+            if any(p._data is None for p in self.model.collect_params().values()):
+                X = np.ones((1, 2), ctx=self.ctx)  # (batch, seq_len)
+                self.model(X, X, np.array([2], ctx=self.ctx))
             graphs[key] = _graphs.track(_step.hybridized(build(), static))
         return graphs[key]
-
-    def _initialized(self):
-        """Finish a deferred initialisation (the graphs need the weights' shapes) with one
-        imperative call on a dummy sentence, once per translator."""
-        if self._shapes_known:
-            return
-        if any(p._data is None for p in self.model.collect_params().values()):
-            X = np.ones((1, 2), ctx=self.ctx)  # (batch, seq_len)
-            self.model(X, X, np.array([2], ctx=self.ctx))
-        self._shapes_known = True
-
-    def _position(self, t):
-        """``array([t])`` on the device, uploaded once."""
-        while len(self._positions) <= t:
-            self._positions.append(np.array([len(self._positions)], ctx=self.ctx))
-        return self._positions[t]
 
     def _search(self, sentences, k, alpha, early_stop, n):
         """Beam search with `k` beams on one batch: each sentence's `n` best hypotheses. Rows
         b * k ... b * k + k - 1 are sentence b's beams; the host keeps the books (scores, live
         beams; per step each beam's word and parent). A sentence that has left the rows steps
         as the identity (its beams keep their places and scores, word -1)."""
-        self._initialized()
         model, ctx, B = self.model, self.ctx, len(sentences)
         encode = self._graph("encoder", lambda: _step.EncoderKV(model))
         step = self._graph("step", lambda: _step.DecoderStep(model.decoder, reorder=True))
@@ -275,9 +218,8 @@ class Translator:
         limits = onp.array([self._limit(len(s)) for s in sentences])  # (B,)
         steps = int(limits.max())
         empty = np.zeros((B * k, steps, enc_kv[0].shape[-1]), ctx=ctx)  # (B*k, steps, hidden)
-        caches = []
-        for K_enc, V_enc in zip(enc_kv[0::2], enc_kv[1::2]):
-            caches += [empty, empty, K_enc, V_enc]
+        caches = [c for K_enc, V_enc in zip(enc_kv[0::2], enc_kv[1::2])
+                  for c in (empty, empty, K_enc, V_enc)]  # 4 per block: self K, V; encoder K, V
         scores = onp.full((B, k), NEG, "float32")
         scores[:, 0] = 0  # one live beam to start from: the others would only repeat it
         alive = onp.ones((B, k), bool)
@@ -286,7 +228,7 @@ class Translator:
         words, parents = [], []
         for t in range(1, steps + 1):
             logits, *self_kv = _step.call(
-                step, np.array(tokens[:, None], ctx=ctx), self._position(t - 1), valid_length,
+                step, np.array(tokens[:, None], ctx=ctx), np.array([t - 1], ctx=ctx), valid_length,
                 np.array(parent_rows, ctx=ctx), *caches)  # (rows, V), 2 caches per block
             caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
             log_probs = _log_softmax(logits.asnumpy())
@@ -354,19 +296,16 @@ class Translator:
             raise ValueError(f"a translation of {len(tgt_tokens)} tokens is longer than the "
                              f"model's {self.max_target} positions")
         Y = np.array([[self.bos] + self.tgt_vocab[tgt_tokens]], ctx=self.ctx)  # (1, m + 1)
-        self._initialized()
-        probe = self._graph("attention", lambda: _AttentionProbe(self.model), static=False)
+        probe = self._graph("attention", lambda: _step.AttentionProbe(self.model), static=False)
         with self.ctx:
             causal = np.arange(1, m1 + 1, ctx=self.ctx).reshape(1, m1)  # (1, m + 1)
             weights = [w.asnumpy() for w in _step.call(probe, X, valid_length, Y, causal)]
-        layers = len(_step.active_blocks(self.model.encoder))
-        dec_layers = len(_step.active_blocks(self.model.decoder))
+        enc = len(_step.active_blocks(self.model.encoder))
+        dec = enc + len(_step.active_blocks(self.model.decoder))  # where the cross weights start
 
         def cut(ws, rows, cols):  # (heads, queries, keys) each -> nested lists, 4 decimals
             return [onp.round(w[:, :rows, :cols].astype("float64"), 4).tolist() for w in ws]
 
         return {"src_tokens": src_tokens, "tgt_tokens": ["<bos>"] + tgt_tokens,
-                "out_tokens": tgt_tokens + ["<eos>"],
-                "encoder": cut(weights[:layers], n, n),
-                "decoder": cut(weights[layers:layers + dec_layers], m1, m1),
-                "cross": cut(weights[layers + dec_layers:], m1, n)}
+                "out_tokens": tgt_tokens + ["<eos>"], "encoder": cut(weights[:enc], n, n),
+                "decoder": cut(weights[enc:dec], m1, m1), "cross": cut(weights[dec:], m1, n)}
