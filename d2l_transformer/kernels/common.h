@@ -101,6 +101,15 @@ inline MXReturnValue float32_and_keep(const Attrs& attrs, std::vector<int>* in_t
   return mxnet::ext::MX_SUCCESS;
 }
 
+// With dropout, the train flag (input `index`) must be (1,); else the error, for `op`.
+inline bool train_flag_ok(const std::vector<std::vector<unsigned int>>& in_shapes, size_t index,
+                          const char* op) {
+  const auto& train = in_shapes[index];
+  if (train.size() == 1 && train[0] == 1) return true;
+  MX_ERROR_MSG << op << ": the train flag must have shape (1,)";
+  return false;
+}
+
 // The ``dropout`` attribute p (0: no dropout, no `train` input, no keep mask).
 inline float dropout_of(const Attrs& attrs) { return std::stof(attr(attrs, "dropout", "0")); }
 

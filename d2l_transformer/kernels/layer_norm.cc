@@ -204,11 +204,7 @@ MXReturnValue infer_shape(const std::unordered_map<std::string, std::string>& at
   }
   (*out_shapes)[0] = data;
   if (out_shapes->size() == 2) {  // dropout: the train flag (1,), the keep mask
-    const auto& train = (*in_shapes)[4];
-    if (train.size() != 1 || train[0] != 1) {
-      MX_ERROR_MSG << "d2t add layer norm: the train flag must have shape (1,)";
-      return MX_FAIL;
-    }
+    if (!d2t::train_flag_ok(*in_shapes, 4, "d2t add layer norm")) return MX_FAIL;
     (*out_shapes)[1] = data;
   }
   return MX_SUCCESS;
