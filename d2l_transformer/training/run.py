@@ -244,7 +244,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             valid_every = 1 if cfg.num_valid and edition_valid is None else 0
         if valid_every and edition_valid is not None:
             raise RunError("edition 1.0 validates as d2l 1.0 does (its loss every epoch): "
-                           "--valid-every, --patience and --average-last are not for it")
+                           "--valid-every is not for it")
         if valid_every and not cfg.num_valid:
             raise RunError("--valid-every needs a valid part: this config has num_valid 0 (give "
                            "e.g. --set num_valid=2000)")
