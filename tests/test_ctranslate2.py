@@ -34,7 +34,8 @@ from d2l_transformer.evaluate import evaluate_model, translate_texts
 from d2l_transformer.inference.engines import ENGINES, CTranslate2Engine, MXNetEngine, open_engine
 from d2l_transformer.inference.export import ExportError, export
 from d2l_transformer.inference.export.ctranslate2 import EXTRA_LENGTH, decoding_options
-from d2l_transformer.inference.limits import SentenceError
+from d2l_transformer.inference.limits import BANNED, SentenceError
+from d2l_transformer.inference.translator import ALPHA
 from d2l_transformer.io import lock
 from d2l_transformer.io.manifest import check_manifest
 from d2l_transformer.training.run import train_model
@@ -291,12 +292,19 @@ def test_both_engines_give_the_same_greedy_tokens(small):
     # the scores are GNMT's in both (CTranslate2's length penalty converted back), to
     # float32 rounding (CTranslate2 computes them with its own kernels)
     onp.testing.assert_allclose([h.score for h in b], [h.score for h in a], rtol=3e-3, atol=1e-4)
-    # beam 4: CTranslate2's search, its 4 hypotheses ranked by GNMT's score as ours are; the
-    # same best hypothesis almost always (the searches differ in when a sentence stops)
+    # beam 4: CTranslate2's own search and ranking (its length penalty), exactly what its
+    # translate_batch gives; the same best hypothesis as ours for most sentences (GNMT ranks
+    # ours), and where the same, the same (GNMT) score
     a, b = ours.translate(sentences, 4, n_best=2), theirs.translate(sentences, 4, n_best=2)
-    assert all(len(h) == 2 and h[0].score >= h[1].score for h in b)
+    assert all(len(h) == 2 for h in b)
+    raw = [theirs.translator.translate_batch(
+        [list(s)], beam_size=4, num_hypotheses=2, length_penalty=ALPHA, min_decoding_length=0,
+        max_decoding_length=theirs._limit(len(s)), max_input_length=0,
+        disable_unk=theirs.no_unk, suppress_sequences=[[t] for t in BANNED])[0].hypotheses
+        for s in sentences]
+    assert [[h.tokens for h in x] for x in b] == raw
     same = [(x[0].score, y[0].score) for x, y in zip(a, b) if x[0].tokens == y[0].tokens]
-    assert len(same) >= 0.97 * 200
+    assert len(same) >= 0.8 * 200, len(same)
     onp.testing.assert_allclose(*zip(*same), rtol=3e-3, atol=1e-4)
     with pytest.raises(SentenceError, match="^sentence 1: empty sentence$"):
         theirs.translate([["go", "."], []])

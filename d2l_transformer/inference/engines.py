@@ -105,7 +105,13 @@ class CTranslate2Engine:
     """CTranslate2's ``Translator`` over the float32 export kept beside `model_dir`
     (`export.kept_export`: exported on first use, again when the model directory changes).
     ExportError (one line) for an exact-chapter or ScaleNorm model, or without the
-    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0: its default)."""
+    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0: its default).
+
+    Greedy gives the MXNet engine's tokens. Beam search is CTranslate2's own, at its own
+    speed: one search, its best hypotheses ranked by its length penalty, ``log P / |Y| **
+    alpha``, where the MXNet engine ranks by GNMT's ``((5 + |Y|) / 6) ** alpha`` (the
+    translations then differ for some sentences: docs/export.md publishes both engines' BLEU).
+    The scores returned are GNMT's in both engines."""
 
     name = "ctranslate2"
 
@@ -148,24 +154,23 @@ class CTranslate2Engine:
         for limit, idx in groups.items():
             results = self.translator.translate_batch(
                 [sentences[i] for i in idx], max_batch_size=self.batch_size,
-                beam_size=beam_size, num_hypotheses=beam_size, length_penalty=0,
+                beam_size=beam_size, num_hypotheses=n_best or 1, length_penalty=alpha,
                 return_scores=True, max_decoding_length=limit, min_decoding_length=0,
                 max_input_length=0, disable_unk=self.no_unk,
                 suppress_sequences=[[t] for t in BANNED])
-            for i, result in zip(idx, results):
-                hyps = sorted((Hypothesis(list(tokens), self._score(log_p, len(tokens), limit,
-                                                                    alpha))
-                               for tokens, log_p in zip(result.hypotheses, result.scores)),
-                              key=lambda h: -h.score)  # GNMT's ranking (stable)
-                out[i] = hyps[0] if n_best is None else hyps[:n_best]
+            for i, result in zip(idx, results):  # in CTranslate2's order, by its own score
+                hyps = [Hypothesis(list(tokens), self._score(score, len(tokens), limit, alpha))
+                        for tokens, score in zip(result.hypotheses, result.scores)]
+                out[i] = hyps[0] if n_best is None else hyps
         return out
 
     @staticmethod
-    def _score(log_p, length, limit, alpha):
-        """GNMT's ``log P / ((5 + |Y|) / 6) ** alpha`` of a hypothesis of `length` tokens and
-        log-probability `log_p` (|Y| counts ``<eos>``, which a translation cut at the limit
-        does not have)."""
-        return log_p / length_penalty(length if length >= limit else length + 1, alpha)
+    def _score(score, length, limit, alpha):
+        """GNMT's ``log P / ((5 + |Y|) / 6) ** alpha`` of a hypothesis of `length` tokens that
+        CTranslate2 scored ``log P / |Y| ** alpha`` (|Y| counts ``<eos>``, which a translation
+        cut at the limit does not have)."""
+        size = length if length >= limit else length + 1
+        return score * size ** alpha / length_penalty(size, alpha)
 
 
 def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH):
