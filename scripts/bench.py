@@ -40,7 +40,7 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     (export, loading, a first batch) excluded; ``--repeats`` interleaved rounds in one process,
     medians, and the ratio engine/translate_batch. ``translate_batch`` runs with the README's
     options (one length limit for all: the longest source's; one hypothesis, length_penalty 0);
-    the engine with its own (each sentence's limit, `beam` hypotheses ranked by GNMT's score);
+    the engine with its own (each sentence's limit; one hypothesis, length_penalty alpha);
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
