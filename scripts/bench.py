@@ -38,9 +38,10 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     translator (the same export, threads and sentences: the distinct test sources of (f) or
     ``--model``), all the sentences in one call each, batches of 64, greedy and beam 4, start-up
     (export, loading, a first batch) excluded; ``--repeats`` interleaved rounds in one process,
-    medians, and the ratio engine/translate_batch. ``translate_batch`` runs with the README's
-    options (one length limit for all: the longest source's; one hypothesis, length_penalty 0);
-    the engine with its own (each sentence's limit; one hypothesis, length_penalty alpha);
+    medians, and the ratio engine/translate_batch. Both run the same search and return the
+    same things (one hypothesis and its score, length_penalty = the engine's default alpha);
+    ``translate_batch`` with one length limit for all (the longest source's), the engine with
+    each sentence's own;
 (d) the peak resident memory (ru_maxrss) of each row's process (``--quick`` runs every row in
     one process, so there the column is the running peak).
 (g) serving: ``d2l-transformer serve`` on loopback under concurrent clients (requests/s, p50/p99
@@ -440,6 +441,7 @@ def engine_rounds(s, beam, repeats):
     from d2l_transformer import checkpoint
     from d2l_transformer.inference.engines import open_engine
     from d2l_transformer.inference.limits import BANNED, decode_limit
+    from d2l_transformer.inference.translator import ALPHA
     model, src_vocab, tgt_vocab, cfg, sentences = _translation_setup(s)
     sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
     with tempfile.TemporaryDirectory() as tmp:
@@ -454,7 +456,8 @@ def engine_rounds(s, beam, repeats):
         engine = open_engine(model_dir, "ctranslate2")  # the CLI's engine: exports here
         limit = max(decode_limit(cfg.num_steps, len(t), engine.max_positions) for t in sentences)
         options = {"beam_size": beam, "max_batch_size": 64, "max_decoding_length": limit,
-                   "min_decoding_length": 0, "max_input_length": 0, "length_penalty": 0,
+                   "min_decoding_length": 0, "max_input_length": 0, "length_penalty": ALPHA,
+                   "return_scores": True,
                    "disable_unk": engine.no_unk, "suppress_sequences": [[t] for t in BANNED]}
         runs = {"ct2": lambda: [h.tokens for h in engine.translate(sentences, beam)],
                 "raw": lambda: [r.hypotheses[0] for r in
