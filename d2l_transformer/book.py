@@ -100,8 +100,8 @@ def agreement(chapter, ours):
 
 def agreements(runs):
     """`agreement` lines for every (chapter's code, exact run) pair of one edition in `runs`."""
-    return [agreement(c, s) for _, c in runs if is_chapter_code(c)
-            for _, s in runs if not is_chapter_code(s) and s.get("exact_chapter")
+    return [agreement(c, s) for title, c in runs if title.startswith(CHAPTER_CODE)
+            for t, s in runs if not t.startswith(CHAPTER_CODE) and s.get("exact_chapter")
             and s.get("edition", "0.11") == c.get("edition", "0.11")]
 
 
