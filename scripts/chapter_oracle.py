@@ -69,6 +69,11 @@ def _numpy_aliases():
 def run(args):
     if args.epochs is None:
         args.epochs = EDITIONS[args.edition][2]
+    for bad, problem in ((args.epochs < 1, "--epochs must be at least 1"),
+                         (not os.path.exists(args.data), f"dataset not found: {args.data}")):
+        if bad:
+            print("error: " + problem, file=sys.stderr)
+            return 2
     if args.edition != "0.11":
         return run_edition(args)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before MXNet reads it
@@ -82,12 +87,6 @@ def run(args):
         return 2
     if getattr(d2l, "__version__", None) != "0.11.4":
         print(f"error: d2l {d2l.__version__} is installed; the chapter used 0.11.4", file=sys.stderr)
-        return 2
-    if args.epochs < 1:
-        print("error: --epochs must be at least 1", file=sys.stderr)
-        return 2
-    if not os.path.exists(args.data):
-        print(f"error: dataset not found: {args.data}", file=sys.stderr)
         return 2
     import mxnet as mx
     import numpy
@@ -196,12 +195,6 @@ def run_edition(args):
     install = f"pip install --no-deps --target {library} d2l=={version}"
     if not os.path.isfile(os.path.join(library, "d2l", "mxnet.py")):
         print(f"error: d2l {version} is not unpacked in {library}: {install}", file=sys.stderr)
-        return 2
-    if args.epochs < 1:
-        print("error: --epochs must be at least 1", file=sys.stderr)
-        return 2
-    if not os.path.exists(args.data):
-        print(f"error: dataset not found: {args.data}", file=sys.stderr)
         return 2
     kind, _, index = args.ctx.partition(":")
     if kind not in ("auto", "cpu", "gpu") or (index and (kind != "gpu" or not index.isdigit())):

@@ -11,6 +11,7 @@ import sys
 
 import numpy as onp
 import pytest
+from editions import RELEASES, library, needs_data  # tests/editions.py
 from mxnet import autograd, np
 
 import d2l_transformer as d2t
@@ -21,19 +22,7 @@ from d2l_transformer.data import Vocab, load_data_mt_fra_eng, load_data_nmt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
-RELEASES = {"0.17": "0.17.6", "1.0": "1.0.3"}
 MODULES = {"0.17": "chapter_0_17", "1.0": "chapter_1_0"}
-
-needs_data = pytest.mark.skipif(not os.path.exists(d2t.data.default_data_path()),
-                                reason="fra-eng.zip is not there")
-
-
-def _library(edition):
-    path = os.path.join(sys.prefix, "oracles", "d2l-" + RELEASES[edition])
-    if not os.path.isfile(os.path.join(path, "d2l", "mxnet.py")):
-        pytest.skip(f"d2l=={RELEASES[edition]} is not unpacked in {path} (make venv does it)")
-    return path
-
 
 # A child process with the edition's d2l first on sys.path (the three releases share the name
 # `d2l`): its data pipeline on a copy of the shipped zip, and its own classes on fixed inputs.
@@ -95,8 +84,8 @@ def _host(array):
 
 
 def _child(edition, tmp_path):
-    library = _library(edition)
-    r = subprocess.run([sys.executable, "-c", CHILD, library, MODULES[edition], ROOT,
+    path = library(edition)
+    r = subprocess.run([sys.executable, "-c", CHILD, path, MODULES[edition], ROOT,
                         d2t.data.default_data_path(), edition, str(tmp_path / "own")],
                        capture_output=True, text=True, timeout=600)
     if r.returncode == 1 and r.stderr.startswith("does not import here"):
@@ -173,7 +162,7 @@ def test_exact_edition_repeats_its_own_code(tmp_path, edition, epochs, seed):
     """scripts/train_chapter.py --edition E --exact-chapter --chapter-code: the edition's own
     code and our exact mode, same seed: every epoch's loss (1.0: training and validation) to
     the last bit, the same translations and BLEU; both printed beside the book."""
-    _library(edition)
+    library(edition)
     r = _run("train_chapter.py", "--edition", edition, "--exact-chapter", "--chapter-code",
              "--quiet", "--out", str(tmp_path), "--seed", str(seed), "--epochs", str(epochs),
              "--ctx", "cpu")

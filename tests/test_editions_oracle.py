@@ -10,27 +10,15 @@ import subprocess
 import sys
 
 import pytest
+from editions import library, needs_data  # tests/editions.py
 
-import d2l_transformer as d2t
 from d2l_transformer.book import BOOK_LOSS, BOOK_TRANSLATIONS, EDITIONS
 from d2l_transformer.evaluate import bleu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "chapter_oracle.py")
-RELEASES = {"0.17": "0.17.6", "1.0": "1.0.3"}
 SENTENCES = ["go .", "i lost .", "he's calm .", "i'm home ."]
 REFERENCES = ["va !", "j'ai perdu .", "il est calme .", "je suis chez moi ."]  # the cells' fras
-
-needs_data = pytest.mark.skipif(not os.path.exists(d2t.data.default_data_path()),
-                                reason="fra-eng.zip is not there")
-
-
-def _library(edition):
-    path = os.path.join(sys.prefix, "oracles", "d2l-" + RELEASES[edition])
-    if not os.path.isfile(os.path.join(path, "d2l", "mxnet.py")):
-        pytest.skip(f"d2l=={RELEASES[edition]} is not unpacked in {path} (make venv does it)")
-    return path
-
 
 def _oracle(tmp_path, *args):
     r = subprocess.run([sys.executable, SCRIPT, "--ctx", "cpu", "--out", str(tmp_path), *args],
@@ -128,11 +116,11 @@ def test_which_of_the_2019_bugs_each_edition_keeps(edition):
             pytest.skip(f"the chapter's library d2l==0.11.4 does not import ({e})")
         if d2l.__version__ != "0.11.4":
             pytest.skip("the chapter's library d2l==0.11.4 is not installed")
-        library = os.path.dirname(os.path.dirname(d2l.__file__))
+        path = os.path.dirname(os.path.dirname(d2l.__file__))
     else:
-        library = _library(edition)
+        path = library(edition)
     module = {"0.11": "chapter_0_11", "0.17": "chapter_0_17", "1.0": "chapter_1_0"}[edition]
-    r = subprocess.run([sys.executable, "-c", EXPERIMENT, library, module, ROOT],
+    r = subprocess.run([sys.executable, "-c", EXPERIMENT, path, module, ROOT],
                        capture_output=True, text=True, timeout=300)
     if r.returncode == 1 and r.stderr.startswith("does not import here"):
         pytest.skip(f"d2l of edition {edition} {r.stderr.strip()}")
@@ -165,7 +153,7 @@ def test_the_oracles_import_nothing_of_this_package():
 @pytest.mark.slow
 @needs_data
 def test_the_classic_editions_run_repeats_itself_with_a_seed(tmp_path):
-    _library("0.17")
+    library("0.17")
     printed, a = _oracle(tmp_path / "a", "--edition", "0.17", "--epochs", "2", "--seed", "0")
     _, b = _oracle(tmp_path / "b", "--edition", "0.17", "--epochs", "2", "--seed", "0")
     assert a["epoch_history"] == b["epoch_history"] and a["translations"] == b["translations"]
@@ -185,7 +173,7 @@ def test_the_classic_editions_run_repeats_itself_with_a_seed(tmp_path):
 @pytest.mark.slow
 @needs_data
 def test_the_1_0_editions_run_repeats_itself_with_a_seed(tmp_path):
-    _library("1.0")
+    library("1.0")
     printed, a = _oracle(tmp_path / "a", "--edition", "1.0", "--epochs", "2", "--seed", "0")
     _, b = _oracle(tmp_path / "b", "--edition", "1.0", "--epochs", "2", "--seed", "0")
     assert a["epoch_history"] == b["epoch_history"] and a["translations"] == b["translations"]
@@ -204,7 +192,7 @@ def test_the_1_0_editions_run_repeats_itself_with_a_seed(tmp_path):
 @needs_data
 def test_one_epoch_of_the_classic_edition_writes_the_summary(tmp_path):
     """One epoch of 0.17 (10-23 s here); another seed gives another loss."""
-    _library("0.17")
+    library("0.17")
     _, a = _oracle(tmp_path / "a", "--edition", "0.17", "--epochs", "1", "--seed", "1")
     assert a["title"] == "chapter's code (d2l 0.17)" and a["epochs"] == 1
     assert a["ctx"] == "cpu(0)" and a["tokens_per_sec"] > 0 and a["num_tokens"] > 2000
