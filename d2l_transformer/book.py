@@ -199,7 +199,14 @@ def edition_table(edition, runs):
 
 def compare(runs, edition=None):
     """The text `d2l-transformer compare` prints: one table per edition among `runs` (the 2019
-    chapter's is `compare_table`), or `edition`'s alone, then the `agreements`."""
+    chapter's is `compare_table`), or `edition`'s alone, then the `agreements`. ValueError
+    (one line) for a run of another edition than `edition`, or for no run and no edition."""
+    for i, (_, s) in enumerate(runs, 1):
+        if edition is not None and s.get("edition", "0.11") != edition:
+            raise ValueError(f"run {i} is of edition {s.get('edition', '0.11')}, not {edition}")
+    if not runs and edition is None:
+        raise ValueError("give runs to compare, or --edition E for what that edition's book "
+                         "printed")
     blocks = []
     for name in EDITIONS if edition is None else [edition]:
         mine = [(t, s) for t, s in runs if s.get("edition", "0.11") == name]

@@ -241,5 +241,16 @@ EDITIONS = {
                            num_steps=9, lr=0.001, num_epochs=30, num_examples=512, num_valid=128,
                            min_freq=2, loss_reduction="token"),
 }
+
+
+def preset_config(preset, edition="0.11"):
+    """The config ``train --preset P --edition E`` starts from: an edition is a chapter run, so
+    a later edition takes only the chapter preset (ValueError, one line, otherwise)."""
+    if edition != "0.11" and preset != "chapter":
+        raise ValueError(f"--edition {edition} is that edition's chapter run: it takes no "
+                         f"--preset {preset}")
+    return EDITIONS[edition] if preset == "chapter" else PRESETS[preset]
+
+
 PRESETS = {"chapter": CHAPTER, "tiny": TINY, "full": FULL, "full_word": FULL_WORD,
            "full_gpu": FULL_GPU, "full_word_gpu": FULL_WORD_GPU}

@@ -268,4 +268,4 @@ def test_compare_prints_each_editions_book(tmp_path):
     assert r.returncode == 0 and "0.200 (differs)" in r.stdout and "2.700 (match)" in r.stdout
     r = subprocess.run(cli + ["--edition", "0.17", str(run)], capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "another edition" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is of edition 1.0, not 0.17" in r.stderr
