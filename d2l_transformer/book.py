@@ -89,9 +89,9 @@ def agreement(chapter, ours):
     if len(theirs_loss) != len(ours_loss):
         return f"{head}: not comparable, {len(theirs_loss)} epochs against {len(ours_loss)}"
     differ = [(a, b) for a, b in zip(theirs_loss, ours_loss) if a != b]
-    if differ:
-        (epoch, a), (_, b) = differ[0]
-        loss = f"loss first differs at epoch {epoch}: {a!r} (chapter) vs {b!r} (ours)"
+    if differ:  # rows (epoch, loss), or d2l 1.0's (epoch, train loss, validation loss)
+        a, b = [row[1] if len(row) == 2 else row[1:] for row in differ[0]]
+        loss = f"loss first differs at epoch {differ[0][0][0]}: {a!r} (chapter) vs {b!r} (ours)"
     else:
         loss = f"loss identical at all {len(ours_loss)} epochs (last {ours_loss[-1][1]!r})"
     same = sum(chapter["translations"].get(k) == v for k, v in ours["translations"].items())

@@ -16,6 +16,7 @@ from mxnet import autograd, np
 
 import d2l_transformer as d2t
 from d2l_transformer.book import EDITIONS as PRINTED
+from d2l_transformer.book import agreement
 from d2l_transformer.build import build_model
 from d2l_transformer.config import EDITIONS, TransformerConfig
 from d2l_transformer.data import Vocab, load_data_mt_fra_eng, load_data_nmt
@@ -269,3 +270,14 @@ def test_compare_prints_each_editions_book(tmp_path):
     r = subprocess.run(cli + ["--edition", "0.17", str(run)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is of edition 1.0, not 0.17" in r.stderr
+
+
+def test_agreement_reads_the_1_0_rows():
+    """d2l 1.0's rows are (epoch, training loss, validation loss): the first that differs is
+    named with both losses."""
+    theirs = {"seed": 0, "epoch_history": [[1, 0.5, 2.0], [2, 0.25, 3.0]], "translations": {},
+              "oracle": "d2l 1.0.3"}
+    ours = {"seed": 0, "epoch_history": [[1, 0.5, 2.0], [2, 0.25, 3.5]], "translations": {}}
+    assert "first differs at epoch 2: (0.25, 3.0) (chapter) vs (0.25, 3.5) (ours)" in \
+        agreement(theirs, ours)
+    assert "identical at all 2 epochs" in agreement(theirs, theirs)

@@ -40,7 +40,8 @@ def set_rng_state(state):
 
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
                   loss=None, start_epoch=1, epoch_seed=None, reseed_from=1, on_batch=None,
-                  report_every=50, fast=False, kvstore=None, clip_per_token=False):
+                  report_every=50, fast=False, kvstore=None, clip_per_token=False,
+                  size_threads=True):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -76,6 +77,10 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     (same function; MXNet's operators when they cannot be built). It needs the corrected model
     (the graph call raises in exact mode). The loop below is
     shared: only the step function (chosen once, `_fast_step`) differs.
+
+    ``size_threads=False`` keeps the process's OpenMP thread count (``OMP_NUM_THREADS``, one
+    unless set) instead of sizing it to the work (`_threads`): what the chapter's own code runs
+    with, whose float rounding an exact run must repeat.
 
     ``clip_per_token=True`` (not in the chapter) clips the gradient of the MEAN loss per target
     token to norm 1, as fairseq's and PyTorch's recipes do, instead of the chapter's gradient of
@@ -123,7 +128,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             # a single device gets the batch here; `_parallel_step` splits it across devices
             X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
-            if not done:  # OpenMP threads for this size (`_threads`), again after a validation
+            if not done and size_threads:  # OpenMP threads for this size (`_threads`), again
+                # after a validation
                 dec = model.decoder
                 kernels.use_threads(X.shape[0] // len(ctxs) * Y_label.shape[1]
                                     * dec.embedding_size * dec.dense._units)

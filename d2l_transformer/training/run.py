@@ -356,7 +356,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                 loss=train_loss, start_epoch=start_epoch,
                 epoch_seed=seed * SEED_STRIDE if reseed else None,
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
-                fast=fast, kvstore=kvstore, on_batch=bar, clip_per_token=cfg.clip_per_token)
+                fast=fast, kvstore=kvstore, on_batch=bar, clip_per_token=cfg.clip_per_token,
+                size_threads=not cfg.exact_chapter)  # exact: the book's code's threads
         finally:
             if bar is not None:
                 bar.close()
