@@ -212,7 +212,7 @@ def compare(runs, edition=None):
         mine = [(t, s) for t, s in runs if s.get("edition", "0.11") == name]
         if mine or name == edition:
             blocks.append(compare_table(mine) if name == "0.11" else edition_table(name, mine))
-    return "\n\n".join(blocks + ["\n".join(agreements(runs))] if agreements(runs) else blocks)
+    return "\n".join(["\n\n".join(blocks)] + agreements(runs))
 
 
 def printed_lines(summary):
