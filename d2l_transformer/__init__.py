@@ -27,6 +27,7 @@ from .attention import (  # noqa: E402
     transpose_output,
     transpose_qkv,
 )
+from .book import book_line  # noqa: E402
 from .build import build_model  # noqa: E402
 from .config import CHAPTER, FULL, PRESETS, TINY, TransformerConfig  # noqa: E402
 from .context import parse_ctx, parse_ctx_list, try_gpu  # noqa: E402

@@ -215,6 +215,13 @@ def compare(runs, edition=None):
     return "\n".join(["\n\n".join(blocks)] + agreements(runs))
 
 
+def book_line(summary):
+    """The line the 2019 chapter prints after training (``loss 0.033, 3364 tokens/sec on
+    gpu(0)``) for a summary of `train_s2s_ch8` or of a run."""
+    return "loss %.3f, %d tokens/sec on %s " % (summary["loss"], summary["tokens_per_sec"],
+                                                summary["ctx"])
+
+
 def printed_lines(summary):
     """What the edition's own cells print for a run: 2019's training line (``loss 0.033, 3364
     tokens/sec on gpu(0)``) and translations (``Go . => va !``); 0.17's training line and its
@@ -222,9 +229,7 @@ def printed_lines(summary):
     its prediction cell (``go . => ['va', '!'], bleu,1.000``)."""
     edition, bleus = summary.get("edition", "0.11"), summary.get("bleu") or {}
     if edition == "0.11":
-        return ["loss %.3f, %d tokens/sec on %s " % (summary["loss"], summary["tokens_per_sec"],
-                                                     summary["ctx"])] + \
-            [f"{s} => {t}" for s, t in summary["translations"].items()]
+        return [book_line(summary)] + [f"{s} => {t}" for s, t in summary["translations"].items()]
     lines = []
     if edition == "0.17":
         lines.append(f"loss {summary['loss']:.3f}, {summary['tokens_per_sec']:.1f} tokens/sec "

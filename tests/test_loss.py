@@ -79,8 +79,11 @@ def test_token_loss_is_the_summed_cross_entropy():
     onp.testing.assert_allclose(got, expected, rtol=1e-5)
     book = d2t.MaskedSoftmaxCELoss()(pred, label, valid).asnumpy()
     onp.testing.assert_allclose(book, onp.array(expected) / 4, rtol=1e-5)  # the book's mean
-    with pytest.raises(ValueError, match="unknown loss reduction 'mean'"):
-        d2t.MaskedSoftmaxCELoss(reduction="mean")
+    # d2l 1.0's loss: one number, the mean over every position, nothing masked
+    mean = d2t.MaskedSoftmaxCELoss(reduction="mean")(pred, label, valid)
+    assert mean.shape == () and abs(float(mean) - nll.mean()) < 1e-5
+    with pytest.raises(ValueError, match="unknown loss reduction 'sum'"):
+        d2t.MaskedSoftmaxCELoss(reduction="sum")
 
 
 @pytest.mark.parametrize("hybridize", [False, True])

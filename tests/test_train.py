@@ -29,7 +29,7 @@ def test_short_run_loss_falls_and_summary_fields(nmt):
     # the book's loss is each sequence's mean over its 9 label positions: x9 gives per token
     assert summary["loss_per_token"] == pytest.approx(9 * summary["loss"], rel=1e-6)
     assert summary["tokens_per_sec"] > 0 and summary["ctx"] == "cpu(0)"
-    assert d2t.training.book_line(summary).startswith("loss %.3f, " % summary["loss"])
+    assert d2t.book_line(summary).startswith("loss %.3f, " % summary["loss"])
 
 
 def test_same_seed_same_loss(nmt):
