@@ -68,11 +68,6 @@ def load_run(directory):
     return (s.get("title") or ("exact chapter" if s.get("exact_chapter") else "corrected"), s)
 
 
-def is_chapter_code(summary):
-    """Whether a summary is scripts/chapter_oracle.py's: an edition's own code run."""
-    return "oracle" in summary
-
-
 CHAPTER_CODE = "chapter's code"  # the title scripts/chapter_oracle.py gives its summary
 
 
@@ -158,10 +153,11 @@ def _near(value, printed):
     return abs(value - printed) <= 0.15 * printed
 
 
-def book_units(summary):
+def book_units(title, summary):
     """Whether a run's loss is in its book's units: the edition's own code's and exact runs'
     always; a corrected 1.0 run's loss is per real token (the book's counts ``<pad>``)."""
-    return is_chapter_code(summary) or summary.get("exact_chapter") or summary.get("edition") != "1.0"
+    return title.startswith(CHAPTER_CODE) or summary.get("exact_chapter") \
+        or summary.get("edition") != "1.0"
 
 
 def edition_table(edition, runs):
@@ -171,17 +167,17 @@ def edition_table(edition, runs):
     book = EDITIONS[edition]
     header = ["", f"book (d2l {book['d2l']})"] + [title for title, _ in runs]
 
-    def loss_cell(s, key):
+    def loss_cell(title, s, key):
         if s.get(key) is None:
             return "-"
-        if not book_units(s):
+        if not book_units(title, s):
             return f"{s[key]:.3f} (per token)"
         return f"{s[key]:.3f} ({'match' if _near(s[key], book[key]) else 'differs'})"
 
-    rows = [["loss", f"{book['loss']:.3f}"] + [loss_cell(s, "loss") for _, s in runs]]
+    rows = [["loss", f"{book['loss']:.3f}"] + [loss_cell(t, s, "loss") for t, s in runs]]
     if "val_loss" in book:
         rows.append(["validation loss", f"{book['val_loss']:.3f}"]
-                    + [loss_cell(s, "val_loss") for _, s in runs])
+                    + [loss_cell(t, s, "val_loss") for t, s in runs])
     for sentence, printed in book["translations"].items():
         cells = []
         for _, s in runs:

@@ -96,6 +96,9 @@ def test_array_batches_are_the_dataloaders_batches():
 def test_preprocess_fast_equals_preprocess_nmt_on_all_of_fra_txt(text):
     assert d2t.data.preprocess_fast(text) == d2t.preprocess_nmt(text)
     assert d2t.data.preprocess_fast(",a.b!\u202f!") == d2t.preprocess_nmt(",a.b!\u202f!") == ",a .b ! !"
+    later = d2t.data.punctuation("0.17")  # the later editions also space off "?"
+    assert d2t.data.preprocess_fast(text, later) == d2t.preprocess_nmt(text, later)
+    assert d2t.data.preprocess_fast("why?", later) == "why ?" != d2t.data.preprocess_fast("why?")
 
 
 def test_fra_pairs_keep_the_lines_with_one_tab():

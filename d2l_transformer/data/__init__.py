@@ -33,6 +33,7 @@ from .text import (
     plain_spaces,
     preprocess_fast,
     preprocess_nmt,
+    punctuation,
     read_data_nmt,
     tokenize_nmt,
     tokenize_nmt_lines,

@@ -67,6 +67,11 @@ def fra_pairs(text, start=0, stop=None):
             yield parts[0], parts[1]
 
 
+def punctuation(edition="0.11"):
+    """The marks `preprocess_nmt` spaces off: , . ! in d2l 0.11; , . ! ? from d2l 0.17 on."""
+    return ",.!" if edition == "0.11" else ",.!?"
+
+
 def preprocess_nmt(text, punctuation=",.!"):
     """Lower-case, replace non-breaking spaces, and put a space before , . ! (d2l; the later
     editions also before ?: ``punctuation=",.!?"``)."""
@@ -190,9 +195,6 @@ def with_bos(array, valid_len, bos):
     return np.concatenate([column, array], axis=1), valid_len + 1
 
 
-EDITIONS = ("0.11", "0.17", "1.0")
-
-
 def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None, *, rank=0, num_workers=1,
                   fast_loader=False, min_freq=3, edition="0.11"):
     """(src_vocab, tgt_vocab, data_iter) for the first `num_examples` + 1 pairs (d2l).
@@ -204,7 +206,7 @@ def load_data_nmt(batch_size, num_steps, num_examples=1000, path=None, *, rank=0
     before ``?`` too, vocabulary ties by first occurrence, `build_array_nmt`; `with_bos`).
     """
     later = edition != "0.11"
-    text = preprocess_nmt(read_data_nmt(path), ",.!?" if later else ",.!")
+    text = preprocess_nmt(read_data_nmt(path), punctuation(edition))
     source, target = tokenize_nmt(text, num_examples)
     vocabs = [Vocab(lines, min_freq, RESERVED_TOKENS, order="first" if later else "token")
               for lines in (source, target)]
@@ -232,7 +234,7 @@ def load_data_mt_fra_eng(batch_size, num_steps=9, num_train=512, num_val=128, pa
     sorted (`Vocab` ``order="sorted"``). The first `num_train` pairs train, shuffled; the rest
     (129) validate, in order. Batches as `load_data_nmt`'s: (X, X_valid_len, Y, Y_valid_len).
     """
-    text = preprocess_nmt(read_data_nmt(path), ",.!?")
+    text = preprocess_nmt(read_data_nmt(path), punctuation("1.0"))
     sides = [[], []]
     for pair in fra_pairs(text, 0, num_train + num_val + 1):
         for side, sentence in zip(sides, pair):

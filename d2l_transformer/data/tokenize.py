@@ -20,7 +20,7 @@ import io
 import os
 import re
 
-from .text import RESERVED_TOKENS, Vocab, preprocess_fast
+from .text import RESERVED_TOKENS, Vocab, preprocess_fast, punctuation
 
 SPM_SRC, SPM_TGT = "spm_src.model", "spm_tgt.model"  # file names inside a model directory
 TOKENIZERS = ("word", "subword")
@@ -50,14 +50,13 @@ class WordTokenizer:
     kind, lowercase = "word", True
 
     def __init__(self, edition="0.11"):
-        self.later = edition != "0.11"
+        self.marks, self.eos = punctuation(edition), [] if edition == "0.11" else ["<eos>"]
 
     def encode(self, text):
-        return preprocess_fast(text, ",.!?" if self.later else ",.!").split() + \
-            (["<eos>"] if self.later else [])
+        return self.encode_target(text) + self.eos
 
     def encode_target(self, text):
-        return preprocess_fast(text, ",.!?" if self.later else ",.!").split()
+        return preprocess_fast(text, self.marks).split()
 
     def decode(self, tokens):
         return " ".join(tokens)

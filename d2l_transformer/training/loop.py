@@ -128,8 +128,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             # a single device gets the batch here; `_parallel_step` splits it across devices
             X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
             Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
-            if not done and size_threads:  # OpenMP threads for this size (`_threads`), again
-                # after a validation
+            if not done and size_threads:  # threads for this size (`_threads`), each epoch
                 dec = model.decoder
                 kernels.use_threads(X.shape[0] // len(ctxs) * Y_label.shape[1]
                                     * dec.embedding_size * dec.dense._units)
