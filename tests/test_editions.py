@@ -237,6 +237,16 @@ def test_the_editions_configs_round_trip_and_check():
             d2t.CHAPTER.with_overrides(bad)
 
 
+def test_the_exact_1_0_run_refuses_several_devices(tmp_path, capsys):
+    """d2l 1.0's loss is each batch's mean: one line, nothing written."""
+    from d2l_transformer import cli
+    out = tmp_path / "model"
+    assert cli.main(["train", "--edition", "1.0", "--exact-chapter", "--ctx", "cpu:0,cpu:1",
+                     "--out", str(out)]) == 2
+    assert "the exact 1.0 run trains on one device" in capsys.readouterr().err
+    assert not os.listdir(tmp_path)
+
+
 def test_a_sorted_vocabulary_round_trips():
     vocab = Vocab([["b", "a", "b"], ["<eos>", "a"]], min_freq=1, order="sorted")
     assert vocab.idx_to_token == ["<eos>", "<unk>", "a", "b"] and vocab.unk == 1

@@ -10,7 +10,7 @@ from mxnet import autograd, init
 
 from .. import kernels
 from ..distributed.kvstore import GlobalSum, is_distributed
-from .loss import MaskedSoftmaxCELoss
+from .loss import MaskedSoftmaxCELoss, step_size
 from .optim import grad_clipping, make_trainer
 from .steps import _fast_step, _parallel_step
 
@@ -97,9 +97,11 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         trainer = make_trainer(model, lr, kvstore=kvstore)
     loss = loss or MaskedSoftmaxCELoss()
     per_width = getattr(loss, "reduction", "book") == "book"  # the book's mean over positions
-    by_batch = getattr(loss, "reduction", "book") == "mean"  # d2l 1.0: a batch's mean, step(1)
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = len(ctxs) > 1 or is_distributed(kvstore)
+    if parallel and getattr(loss, "reduction", None) == "mean":
+        raise ValueError("a loss with reduction='mean' (d2l 1.0's) trains on one device: each "
+                         "device's part would be its own mean")
     if parallel:
         step = _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
                               clip_per_token)
@@ -111,7 +113,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
                 Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
                 l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
             l.backward()
-            num_tokens = 1 if by_batch else Y_vlen.sum()
+            num_tokens = step_size(loss, Y_vlen)
             grad_clipping(model, float(num_tokens) if clip_per_token else 1)
             trainer.step(num_tokens)
             return float(l.sum()), float(num_tokens)

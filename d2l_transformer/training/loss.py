@@ -54,3 +54,10 @@ class MaskedSoftmaxCELoss(gluon.loss.SoftmaxCELoss):
         if self.reduction == "token":
             return loss.sum(axis=(1, 2))  # (batch,)
         return loss.mean(axis=(1, 2))  # (batch,), as SoftmaxCELoss averages
+
+
+def step_size(loss, valid_length):
+    """What ``trainer.step`` divides a batch's summed gradients by: its target tokens
+    (``valid_length.sum()``, a device array), or 1 for ``reduction="mean"``, already the batch's
+    mean (d2l 1.0's ``trainer.step(1)``)."""
+    return 1 if getattr(loss, "reduction", None) == "mean" else valid_length.sum()

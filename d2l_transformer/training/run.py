@@ -221,6 +221,11 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     if batch_size < len(ctxs):
         raise RunError(f"batch size {cfg.batch_size} is too small for {num_workers} workers "
                        f"x {len(ctxs)} devices")
+    # exact 1.0: d2l 1.0's loss, the mean over every position of a batch, on one device
+    book_loss = cfg.exact_chapter and cfg.edition == "1.0"
+    if book_loss and (len(ctxs) > 1 or num_workers > 1):
+        raise RunError("the exact 1.0 run trains on one device, as d2l 1.0's code does (its "
+                       "loss is each batch's mean)")
     writer = rank == 0 and out_dir is not None  # only rank 0 writes the model directory
     with contextlib.ExitStack() as held:
         if writer:  # one writer per model directory, from before anything is written
@@ -344,9 +349,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         if resume and "rng_state" in summary:
             set_rng_state(summary["rng_state"])
         bar = ProgressBar(cfg.num_epochs, len(train_iter), start_epoch) if progress else None
-        # exact 1.0: d2l 1.0's loss over every position; exact 0.17 and 1.0 draw their dropout
-        # from the one stream seeded once, as their code does (a resumed run then differs)
-        book_loss = cfg.exact_chapter and cfg.edition == "1.0"
+        # exact 0.17 and 1.0 draw their dropout from the one stream seeded once, as their code
+        # does (a resumed run then differs)
         train_loss = MaskedSoftmaxCELoss(cfg.label_smoothing,
                                          reduction="mean" if book_loss else cfg.loss_reduction)
         reseed = not (cfg.exact_chapter and cfg.edition != "0.11")

@@ -5,7 +5,7 @@ from mxnet import autograd, gluon
 
 from .. import _graphs, kernels
 from . import fused
-from .loss import MaskedSoftmaxCELoss
+from .loss import MaskedSoftmaxCELoss, step_size
 from .optim import ClipAdam, clip_global
 
 
@@ -52,7 +52,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
         with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
             l = fused.run(graph, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
         l.backward()
-        num_tokens = Y_vlen.sum()
+        num_tokens = step_size(loss, Y_vlen)
         if not update:
             update.append(ClipAdam(trainer, params, 1, per_token=clip_per_token)
                           if ClipAdam.supports(trainer) else None)
