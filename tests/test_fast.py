@@ -176,7 +176,7 @@ def test_fast_loop_with_progress_bar_reads_the_device_once_per_report(data, monk
     loop reads every `report_every` batches and at each epoch's end."""
     import io
 
-    from d2l_transformer.training.run import ProgressBar
+    from d2l_transformer.training.progress import ProgressBar
 
     src_vocab, tgt_vocab, it = data
     batches = [b for b in it]  # 13 batches of 16 pairs

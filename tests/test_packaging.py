@@ -151,3 +151,13 @@ def test_no_module_imports_the_package_face():
     offenders = {f: lines for f in _source_files() if f.endswith(".py") and f !=
                  "d2l_transformer/__init__.py" and (lines := _imports_of_the_face(os.path.join(ROOT, f)))}
     assert offenders == {}
+
+
+def test_every_module_is_under_400_lines():
+    """One job per module: no source file of the package reaches 400 lines."""
+    long = {}
+    for f in _source_files():
+        with open(os.path.join(ROOT, f), encoding="utf-8") as source:
+            if (n := sum(1 for _ in source)) >= 400:
+                long[f] = n
+    assert long == {}

@@ -7,7 +7,6 @@ import sys
 import time
 
 from mxnet import init
-from tqdm import tqdm
 
 from .. import checkpoint
 from ..book import EDITIONS, SENTENCES
@@ -29,6 +28,7 @@ from ..io import lock
 from .loop import rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
+from .progress import ProgressBar
 from .validation import (
     EarlyStopping,
     LastParameters,
@@ -43,39 +43,6 @@ SEED_STRIDE = 100000  # epoch e of a run with seed s draws from seed s * SEED_ST
 
 class RunError(ValueError):
     """A training run cannot start as asked; the message is one line."""
-
-
-class ProgressBar:
-    """One `tqdm` bar on stderr for the whole run: epoch, batches, loss (book units) and target
-    tokens/s of the current epoch. It is a ``train_s2s_ch8`` ``on_batch`` callback, so the
-    loss it shows is the one the loop reads every ``report_every`` batches (and at each
-    epoch's end): the bar itself never reads the device."""
-
-    def __init__(self, num_epochs, num_batches, start_epoch=1, file=None):
-        file = file or sys.stderr
-        tty = hasattr(file, "isatty") and file.isatty()
-        self.num_epochs, self.num_batches, self.start_epoch = num_epochs, num_batches, start_epoch
-        self.bar = tqdm(total=num_epochs * num_batches, initial=(start_epoch - 1) * num_batches,
-                        unit="batch", file=file, mininterval=0.1 if tty else 30, dynamic_ncols=tty)
-        self.epoch, self.tic, self.file = None, time.time(), file
-
-    def __call__(self, epoch, done, sums):
-        if epoch != self.epoch:
-            self.epoch, self.tic = epoch, time.time()
-            self.bar.set_description(f"epoch {epoch}/{self.num_epochs}", refresh=False)
-        self.bar.update((epoch - 1) * self.num_batches + done - self.bar.n)
-        if sums is not None:
-            loss_sum, num_tokens = sums
-            speed = num_tokens / max(time.time() - self.tic, 1e-9)
-            self.bar.set_postfix_str(f"loss {loss_sum / max(num_tokens, 1):.4f}, "
-                                     f"{speed:.0f} tokens/s", refresh=False)
-
-    def write(self, line):
-        """A line above the bar (validation results)."""
-        self.bar.write(line, file=self.file)
-
-    def close(self):
-        self.bar.close()
 
 
 def check_out_dir(out_dir, *, resume=False, overwrite=False):
