@@ -4,10 +4,9 @@ MXNet 1.9 sizes its OpenMP pool once, at import: half of the logical CPUs when
 ``OMP_NUM_THREADS`` is not set (it assumes two hardware threads per core), so on a machine
 without SMT — most cloud VMs, this project's 2-core test machine — it uses half the cores. And
 one size does not fit: at the chapter's sizes (64 x 10 tokens, d=32) a second thread does not
-pay (the fast training step and the chapter's own code ran ~10% slower with two: a parallel
-region costs about what such an operator's arithmetic does), while the `full` preset's step
-(256 x ~15 tokens, d=128, 4,000 outputs) is ~2x faster on two cores, its matrix products being
-most of it (docs/benchmarks.md, "Threads").
+pay (a parallel region costs about what such an operator's arithmetic does), while the `full`
+preset's step (256 x ~15 tokens, d=128, 4,000 outputs), mostly matrix products, gains from
+every core (the figures: docs/benchmarks.md, "Threads").
 
 So, before MXNet is imported (`configure`, called first thing by the package), this sets
 ``OMP_NUM_THREADS=1``: MXNet then asks OpenMP, per engine thread, how many threads to use,

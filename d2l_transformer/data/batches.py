@@ -16,9 +16,9 @@ class ArrayBatches:
     with one ``take`` per array instead of the DataLoader's slicing and stacking of every row.
 
     Gluon's DataLoader shuffles with ``np.random.shuffle(np.arange(n))`` (its RandomSampler)
-    and stacks ``batch_size`` single-row arrays per field: ~2.5 ms a batch at the chapter's
-    sizes, which on a 2-core CPU slowed the fast path's whole step by ~15%. Same
-    shuffle here, then ``array.take(indices)``: identical batches (tests/test_data.py).
+    and stacks ``batch_size`` single-row arrays per field, which at the chapter's sizes costs
+    a good part of a fast training step (docs/benchmarks.md). Same shuffle here, then
+    ``array.take(indices)``: identical batches (tests/test_data.py).
     """
 
     def __init__(self, data_arrays, batch_size, is_train=True):

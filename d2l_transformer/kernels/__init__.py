@@ -1,16 +1,15 @@
 """Fused CPU kernels for the fast path's graphs, built against the installed MXNet.
 
-MXNet 1.9's CPU ``LayerNorm`` backward reduces through its generic broadcast reducer: ~0.8 ms
-for the chapter's (64, 10, 32) activations, about a third of a fast training step. MXNet's
-wheel ships its custom-operator library API (``include/mxnet/lib_api.h``, ``src/lib_api.cc``),
-so `layer_norm.cc` here adds ``d2t_add_layer_norm``, the chapter's post-norm AddNorm (LayerNorm
-of a sum) in one operator with one pass over the rows, forward and backward; `attention.cc`
-adds ``d2t_attention``: the multi-head attention core with valid lengths (split heads, scores /
+MXNet 1.9's CPU ``LayerNorm`` backward reduces through its generic broadcast reducer, a large
+part of a fast training step at the chapter's sizes (docs/benchmarks.md). MXNet's wheel ships
+its custom-operator library API (``include/mxnet/lib_api.h``, ``src/lib_api.cc``), so
+`layer_norm.cc` here adds ``d2t_add_layer_norm``, the chapter's post-norm AddNorm (LayerNorm of
+a sum) in one operator with one pass over the rows, forward and backward; `attention.cc` adds
+``d2t_attention``: the multi-head attention core with valid lengths (split heads, scores /
 sqrt(d), d2l's masked softmax, weighted sum, merge heads — 12 MXNet operators and their
-backward passes) reading the heads in place;
-`softmax_ce.cc` adds ``d2t_softmax_ce``: the masked (label-smoothed) softmax cross-entropy,
-whose MXNet form (log_softmax, pick, mean over the vocabulary) took half of a `full`-preset
-step. Dropout inside the kernels (d2l 9.1's on the
+backward passes) reading the heads in place; `softmax_ce.cc` adds ``d2t_softmax_ce``: the
+masked (label-smoothed) softmax cross-entropy, whose MXNet form (log_softmax, pick, mean over
+the vocabulary) weighed most in a `full`-preset step. Dropout inside the kernels (d2l 9.1's on the
 attention weights, 9.3.3's AddNorm on the sublayer's output): MXNet's Dropout distribution,
 drawn from MXNet's seeded random states when MXNet is training (`training_flag`), the mask
 kept for the backward pass.

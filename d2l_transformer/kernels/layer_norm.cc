@@ -1,7 +1,7 @@
 // The fused add & norm kernel for MXNet 1.9's custom-operator library API (fast path).
 //
 // MXNet 1.9's CPU LayerNorm backward runs its reductions through the generic broadcast
-// reducer: ~0.8 ms for the chapter's (64, 10, 32) input, a third of a training step. This
+// reducer, a large part of a training step at the chapter's sizes (docs/benchmarks.md). This
 // operator computes the chapter's AddNorm in one pass over the rows:
 //
 //   d2t_add_layer_norm(x, y, gamma, beta[, train]; eps[, dropout])
@@ -43,7 +43,7 @@ constexpr int64_t kParallelWork = 1 << 16;  // below this many elements, one thr
 float eps_of(const d2t::Attrs& attrs) { return std::stof(attr(attrs, "eps", "1e-5")); }
 
 // Sum of a[0:n] in 8 independent partial sums: no add-latency chain, and the compiler
-// vectorizes it (a single accumulator made the kernel latency-bound, ~1 ns per element).
+// vectorizes it (a single accumulator made the kernel latency-bound).
 inline float sum8(const float* a, int64_t n) {
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   int64_t j = 0;

@@ -15,8 +15,8 @@
 // the cross-entropy's own gradient. The loss VALUE stays the plain cross-entropy, as in
 // MaskedSoftmaxCELoss.
 //
-// MXNet's log_softmax backward over a (256, 30, 4000) input takes about a second on two CPU
-// cores; this is two passes over the logits forward and one backward. float32 only; the
+// MXNet's log_softmax backward is slow on a CPU at the full presets' sizes; this is two
+// passes over the logits forward and one backward. float32 only; the
 // sentences (forward) and positions (backward) are shared between OpenMP threads.
 #include <algorithm>
 #include <cmath>
