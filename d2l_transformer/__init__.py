@@ -4,10 +4,11 @@ The public names, in the chapter's order.
 """
 
 # _compat first: NumPy's removed aliases, before anything imports mxnet
-from . import _compat, _cuda, _threads
+from . import _compat, _cpu_math, _cuda, _threads
 from ._version import __version__
 
 _threads.configure()  # OpenMP threads per workload: set before MXNet reads its settings
+_cpu_math.configure()  # the same kernels on every x86-64 CPU with AVX2: before MXNet loads
 
 _cuda.preload()  # the cu112 extra's CUDA libraries, before MXNet loads libmxnet.so
 

@@ -3,6 +3,8 @@
 import json
 import os
 
+from . import _cpu_math
+
 BOOK_LOSS = 0.033
 BOOK_TRANSLATIONS = {
     "Go .": "va !",
@@ -208,7 +210,19 @@ def compare(runs, edition=None):
         mine = [(t, s) for t, s in runs if s.get("edition", "0.11") == name]
         if mine or name == edition:
             blocks.append(compare_table(mine) if name == "0.11" else edition_table(name, mine))
-    return "\n".join(["\n\n".join(blocks)] + agreements(runs))
+    return "\n".join(["\n\n".join(blocks)] + agreements(runs) + cpu_math_lines(runs))
+
+
+def cpu_math_lines(runs):
+    """The kernels the runs computed with (`_cpu_math.line`): one line when every run used the
+    same, else one per group of runs; each says why the table may differ from the README's."""
+    groups = {}
+    for title, s in runs:
+        groups.setdefault(json.dumps(s.get("cpu_math"), sort_keys=True), []).append(title)
+    if len(groups) == 1:
+        return [_cpu_math.line(json.loads(next(iter(groups))))]
+    return [_cpu_math.line(json.loads(key), f"CPU math of {', '.join(titles)}")
+            for key, titles in groups.items()]
 
 
 def book_line(summary):

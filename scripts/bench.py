@@ -77,6 +77,7 @@ ROWS = [  # key, label
     ("train_faithful", "(a) train faithful tokens/s"),
     ("train_fast", "(a) train fast tokens/s"),
     ("train_fast_nokernels", "(a) train fast, no fused kernels tokens/s"),
+    ("train_fast_native", "(a) train fast, the CPU's native kernels tokens/s"),
     ("train_torch", "(a) train, PyTorch eager tokens/s"),
     ("train_gluonnlp", "(a) train, GluonNLP 0.10 hybridized tokens/s"),
     ("greedy_kv", "(b) greedy ms/sentence, key/value cache"),
@@ -101,6 +102,7 @@ ROWS = [  # key, label
     ("train_full_imperative", "(h) full preset train, imperative target tokens/s"),
     ("train_full_imperative_mxnet", "(h) full preset train, imperative, MXNet's threads tok/s"),
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
+    ("train_full_fast_native", "(h) full preset train, fast, native kernels tok/s"),
     ("train_full_torch", "(h) full preset train, PyTorch eager target tokens/s"),
 ]
 RATIOS = [  # label, numerator, denominator
@@ -108,6 +110,7 @@ RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/the chapter's own code", "train_fast", "train_book"),
     ("(a) train ratio faithful/the chapter's own code", "train_faithful", "train_book"),
     ("(a) train ratio fast/fast without kernels", "train_fast", "train_fast_nokernels"),
+    ("(a) train ratio fast (pinned CPU math)/native kernels", "train_fast", "train_fast_native"),
     ("(a) train ratio fast/PyTorch eager", "train_fast", "train_torch"),
     ("(a) train ratio fast/GluonNLP hybridized", "train_fast", "train_gluonnlp"),
     ("(c) batched ratio batch=256/batch=1", "batch_256", "batch_1"),
@@ -125,18 +128,23 @@ RATIOS = [  # label, numerator, denominator
     ("(h) full preset train ratio fast/imperative, MXNet's threads", "train_full_fast",
      "train_full_imperative_mxnet"),
     ("(h) full preset train ratio fast/PyTorch eager", "train_full_fast", "train_full_torch"),
+    ("(h) full preset train ratio fast (pinned)/native kernels", "train_full_fast",
+     "train_full_fast_native"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
           "full": "(h)", "ctranslate2": "(i)", "engine": "(k)"}  # --only GROUP: the rows whose
 # label starts with this
 DECODE_TOKENS = 50
-REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels", "train_torch",
-            "train_gluonnlp", "train_full_imperative", "train_full_imperative_mxnet",
-            "train_full_fast", "train_full_torch")
+REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
+            "train_fast_native", "train_torch", "train_gluonnlp", "train_full_imperative",
+            "train_full_imperative_mxnet", "train_full_fast", "train_full_fast_native",
+            "train_full_torch")
 REPEATS_ENV = "D2L_TRANSFORMER_BENCH_REPEATS"  # --repeats, for the (i) rows' process
 THREADS_ENV = "D2L_TRANSFORMER_BENCH_THREADS"  # --threads, likewise
 ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"},  # its process's
+           "train_fast_native": {"D2L_TRANSFORMER_CPU": "native"},  # d2l_transformer/_cpu_math.py
+           "train_full_fast_native": {"D2L_TRANSFORMER_CPU": "native"},
            **{key: {"D2L_TRANSFORMER_MAX_THREADS": "2"} for key, _ in ROWS  # (i): --threads
               if key.startswith(("ct2_", "step_"))}}
 
@@ -852,10 +860,13 @@ def run_row(key, quick, params_path):
     if key == "train_fast_nokernels":  # the same fast path on MXNet's own operators
         with mock.patch.dict(os.environ, {"D2L_TRANSFORMER_KERNELS": "0"}):
             return train_row(s, True, None)
+    if key == "train_fast_native":  # the fast path, its process on the CPU's own kernels
+        return train_row(s, True, None)
     if key in ("train_torch", "train_gluonnlp", "train_full_torch"):
         return baseline_row(s, key, os.path.dirname(params_path))
     if key.startswith("train_full_"):
-        return full_train_row(s, key == "train_full_fast", os.path.dirname(params_path))
+        return full_train_row(s, key in ("train_full_fast", "train_full_fast_native"),
+                              os.path.dirname(params_path))
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("translate_"):

@@ -19,7 +19,10 @@ shipped file is not byte for byte the one whose sha1 the later editions check).
 OpenMP: ``OMP_NUM_THREADS=1`` unless it is set, the thread count d2l_transformer uses at the
 chapter's sizes: the thread count changes the rounding of MXNet's CPU operators (seed 0, two
 threads: epoch 2's loss differs in the 9th digit), and MXNet's own default, half the logical
-CPUs, is one thread only on a 2-CPU machine. Exit 2 with one line when that edition's d2l is not
+CPUs, is one thread only on a 2-CPU machine. The CPU's kernels are pinned as the package pins
+them (`d2l_transformer/_cpu_math.py`, loaded from its file; ``D2L_TRANSFORMER_CPU=native``
+leaves them alone), so that the chapter's code and the exact runs compute alike on any x86-64
+CPU with AVX2. Exit 2 with one line when that edition's d2l is not
 installed."""
 
 import argparse
@@ -60,10 +63,24 @@ def get_parser():
     return p
 
 
-def _numpy_aliases():
-    path = os.path.join(ROOT, "d2l_transformer", "_compat.py")
-    spec = importlib.util.spec_from_file_location("_d2t_numpy_aliases", path)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+def _ground_floor(name):
+    """A stdlib-only module of the package's ground floor, loaded from its file (the package
+    itself is not imported)."""
+    path = os.path.join(ROOT, "d2l_transformer", name + ".py")
+    spec = importlib.util.spec_from_file_location("_d2t_" + name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _before_mxnet():
+    """The NumPy-alias shim, one OpenMP thread unless set, and the CPU math pinned as
+    d2l_transformer pins it (`_cpu_math`): what its runs get. Returns the `_cpu_math` module."""
+    _ground_floor("_compat")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cpu_math = _ground_floor("_cpu_math")
+    cpu_math.configure()
+    return cpu_math
 
 
 def run(args):
@@ -76,8 +93,7 @@ def run(args):
             return 2
     if args.edition != "0.11":
         return run_edition(args)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before MXNet reads it
-    _numpy_aliases()
+    cpu_math = _before_mxnet()
     try:
         import d2l
         import d2l.d2l as d2l_module
@@ -157,6 +173,7 @@ def run(args):
         "epoch_history": history, "history": [(e, loss) for e, loss in history if e % 10 == 0],
         "num_tokens": last[1], "translations": translations, "train_seconds": seconds,
         "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+        "cpu_math": cpu_math.describe(str(ctx)),
     }
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -188,7 +205,6 @@ def _translation(line, edition):
 
 def run_edition(args):
     """The 0.17 or 1.0 edition's training and prediction cells on its own d2l (see the top)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before MXNet reads it
     os.environ.setdefault("MPLBACKEND", "Agg")  # the cells draw with matplotlib
     version, module, _ = EDITIONS[args.edition]
     library = args.library or os.path.join(sys.prefix, "oracles", "d2l-" + version)
@@ -203,7 +219,7 @@ def run_edition(args):
     if args.edition == "1.0" and kind == "gpu" and int(index or 0) != 0:
         print("error: d2l 1.0's Trainer trains on gpu(0) only", file=sys.stderr)
         return 2
-    _numpy_aliases()
+    cpu_math = _before_mxnet()
     sys.path[:0] = [library, os.path.join(ROOT, "oracles")]  # this d2l before any other
     try:
         import d2l
@@ -310,7 +326,8 @@ def run_edition(args):
     summary.update({
         "translations": {s: t for s, t, _ in rows}, "bleu": {s: b for s, _, b in rows},
         "printed": book_lines, "predict_error": stopped, "train_seconds": seconds,
-        "omp_num_threads": os.environ["OMP_NUM_THREADS"]})
+        "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+        "cpu_math": cpu_math.describe(summary["ctx"])})
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:

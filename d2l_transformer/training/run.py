@@ -8,7 +8,7 @@ import time
 
 from mxnet import init
 
-from .. import checkpoint
+from .. import _cpu_math, checkpoint
 from ..book import EDITIONS, SENTENCES
 from ..build import build_model
 from ..data import (
@@ -360,6 +360,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             summary["translations"], summary["bleu"] = edition_translations(
                 model, src_vocab, tgt_vocab, cfg, ctxs[0])
         summary["edition"] = cfg.edition
+        summary["cpu_math"] = _cpu_math.describe(str(ctxs[0]))  # which kernels made these numbers
         if writer:
             save()
         return summary
