@@ -39,7 +39,7 @@ ISA_CAP = ("DNNL_MAX_CPU_ISA", "AVX2")
 OPENBLAS_CORE = ("OPENBLAS_CORETYPE", "Haswell")
 PINS = dict((ISA_CAP, OPENBLAS_CORE))
 _MARK = "D2L_TRANSFORMER_CPU_PINNED"  # JSON {name: the value it replaced or None}, inherited
-_state = {"mode": None, "reason": None}
+_state = {"mode": None, "reason": None, "settled": None, "replaced": {}}
 
 
 def mode():
@@ -92,7 +92,7 @@ def configure():
     if os.environ.get(ENV, "pinned").strip().lower() not in MODES + ("",):
         warnings.warn(f"{ENV}={os.environ[ENV]!r} is not pinned or native: using pinned",
                       stacklevel=3)
-    _state.update(mode=mode(), reason=None)
+    _state.update(mode=mode(), reason=None, settled=None, replaced={})
     inherited = json.loads(os.environ.pop(_MARK, "{}"))  # a pinned parent's pins: not the user's
     for name, original in inherited.items():
         if os.environ.get(name) != PINS.get(name):
@@ -105,13 +105,35 @@ def configure():
     if _state["mode"] == "native" or reason:
         _state["reason"] = reason
         return False
-    os.environ[_MARK] = json.dumps({name: os.environ.get(name) for name in PINS})
+    _state["replaced"] = {name: os.environ.get(name) for name in PINS}
+    os.environ[_MARK] = json.dumps(_state["replaced"])
     os.environ.update(PINS)
     if "mxnet" in sys.modules and openblas_core() not in (None, OPENBLAS_CORE[1]):
         warnings.warn("mxnet was imported before d2l_transformer: OpenBLAS runs its "
                       f"{openblas_core()} kernels, not the pinned Haswell ones, so results may "
                       "differ from the README's (import d2l_transformer first)", stacklevel=3)
     return True
+
+
+def settle(cfg):
+    """Before a run of `cfg` computes: keep oneDNN capped for a run on a slice of the data
+    (``cfg.num_examples`` set: every edition's chapter run, exact or corrected, and ``tiny``);
+    lift the cap for a run on the whole corpus (the ``full`` presets). Those size their threads
+    to the machine's cores (`_threads`), so their numbers depend on the machine anyway, and the
+    cap would cost them speed (docs/benchmarks.md, "The CPU math"). OpenBLAS stays on its
+    Haswell kernels: they are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its
+    first kernel, so the first run of a process decides for the process: `train_model` and
+    `checkpoint.load` call this before they compute; later calls change nothing."""
+    if _state["settled"] or _state["mode"] != "pinned" or _state["reason"]:
+        return
+    whole = getattr(cfg, "num_examples", None) is None
+    _state["settled"] = "lifted" if whole else "capped"
+    name = ISA_CAP[0]
+    if whole and os.environ.get(name) == ISA_CAP[1]:
+        if _state["replaced"].get(name) is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = _state["replaced"][name]
 
 
 def openblas_core():
@@ -137,7 +159,7 @@ def describe(device="cpu"):
     """What summary.json records of the arithmetic a run on `device` used: ``{"pinned",
     "mode", "cpu", "isa_cap", "openblas", "threads", "why"}``; `why` says, when the run's
     numbers may differ from the README's, why (None when they should not)."""
-    pinned = _state["mode"] == "pinned" and _state["reason"] is None
+    pinned = _state["mode"] == "pinned" and not _state["reason"] and _state["settled"] != "lifted"
     record = {"pinned": pinned, "mode": _state["mode"] or mode(), "cpu": cpu_name(),
               "isa_cap": os.environ.get(ISA_CAP[0]), "openblas": openblas_core(),
               "threads": threads(), "why": None}
@@ -147,6 +169,8 @@ def describe(device="cpu"):
         record["why"] = f"{ENV}=native: this CPU's own kernels"
     elif _state["reason"]:
         record["why"] = f"not pinned: {_state['reason']}"
+    elif _state["settled"] == "lifted":
+        record["why"] = "a run on the whole corpus: oneDNN on every instruction set of this CPU"
     elif record["openblas"] not in (None, OPENBLAS_CORE[1]):
         record["why"] = f"OpenBLAS ran its {record['openblas']} kernels (MXNet imported first)"
     elif record["threads"] != 1:

@@ -32,6 +32,7 @@ import shutil
 import mxnet as mx
 from mxnet import init, np
 
+from . import _cpu_math
 from .build import build_model
 from .config import TransformerConfig
 from .data import Vocab
@@ -227,6 +228,7 @@ def _load(d, ctxs):
             raise
         raise CheckpointError(f"model directory {d.shown}: {e}") from None
     summary = d.read_json(SUMMARY)
+    _cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
     model = build_model(cfg, len(src_vocab), len(tgt_vocab))
     expected = _built_shapes(model, ctxs)
     if PARAMS not in d.blobs:

@@ -152,9 +152,28 @@ def test_the_line_says_why_a_table_may_differ():
     assert "not recorded" in _cpu_math.line(None)
 
 
+SETTLE = ("import os, d2l_transformer as d2t; from d2l_transformer import _cpu_math; "
+          "[_cpu_math.settle(getattr(d2t, n)) for n in {names}]; "
+          "print(os.environ.get('DNNL_MAX_CPU_ISA'), _cpu_math.describe('cpu(0)')['why'])")
+
+
+@needs_pins
+def test_the_first_run_of_a_process_settles_the_onednn_cap():
+    def settle(*names):
+        return subprocess.run([sys.executable, "-c", SETTLE.format(names=list(names))],
+                              env=_env(), capture_output=True, text=True,
+                              check=True).stdout.strip().splitlines()[-1]
+
+    assert settle("CHAPTER", "FULL") == "AVX2 None"  # a slice of the data: the pins hold
+    assert settle("FULL", "CHAPTER") == (  # the whole corpus: every instruction set
+        "None a run on the whole corpus: oneDNN on every instruction set of this CPU")
+
+
 def test_describe_names_the_gpu_and_the_threads(monkeypatch):
     assert "gpu(0)" in _cpu_math.describe("gpu(0)")["why"]
     if pinnable is None:
+        monkeypatch.setitem(_cpu_math._state, "settled", "capped")  # whichever test ran first
+        monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
         assert _cpu_math.describe("cpu(0)")["why"] is None  # this test process: pinned, 1 thread
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         assert _cpu_math.describe("cpu(0)")["why"] == "2 OpenMP threads (OMP_NUM_THREADS), not one"

@@ -51,6 +51,7 @@ def test_exact_mode_repeats_the_chapters_own_run(tmp_path, seed):
     assert [e for e, _ in theirs["epoch_history"]] == [1, 2, 3]
     assert ours["epoch_history"] == theirs["epoch_history"]  # every epoch, every bit
     assert ours["translations"] == theirs["translations"]
+    assert ours["cpu_math"] == theirs["cpu_math"]  # both on the same kernels (`_cpu_math`)
     assert 0.15 < ours["loss"] < 0.25  # a real run: 3 epochs from ~0.39 at epoch 1
     # the script prints both beside the book, and says that they agree
     assert "| chapter's code" in r.stdout and "| exact chapter" in r.stdout

@@ -201,6 +201,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             except lock.Locked as e:
                 raise RunError(str(e)) from None
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
+        _cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
         set_seed(seed)
         tokenizer = checkpoint.load_tokenizer(out_dir, cfg) if resume else None
         src_vocab, tgt_vocab, train_iter, tokenizer, edition_valid = load_data(
