@@ -1,4 +1,4 @@
-"""``d2l-transformer train|translate|evaluate|export|compare|launch``: the package's console script.
+"""``d2l-transformer train|translate|evaluate|launch|serve|export|compare``: the console script.
 
 Only wiring: training from `training.run`, translating from `inference.engines`, BLEU from
 `evaluate`, model directories from `checkpoint`, the book table from `book`.
@@ -25,7 +25,13 @@ from .inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
 from .inference.export import FORMATS as EXPORT_FORMATS
 from .inference.export import ExportError
 from .inference.export.ctranslate2 import QUANTIZATIONS
-from .inference.limits import ExactChapterError, SentenceError, require_corrected, sentence_tokens
+from .inference.limits import (
+    ExactChapterError,
+    input_sentences,
+    refusal_report,
+    require_corrected,
+    screen_inputs,
+)
 from .inference.translator import ALPHA, BEAM_SIZE
 from .io import atomic
 from .training.run import RunError, train_model
@@ -40,19 +46,6 @@ USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # on
 
 
 # ---------------------------------------------------------------------------------- translating
-def _read_lines(args):
-    """``[(label, text or None, problem or None), ...]`` from the arguments or stdin bytes."""
-    if args.sentences:
-        return [(f"argument {i}", s, None) for i, s in enumerate(args.sentences, 1)]
-    lines = []
-    for i, raw in enumerate(sys.stdin.buffer.read().splitlines(), 1):
-        try:
-            lines.append((f"line {i}", raw.decode("utf-8"), None))
-        except UnicodeDecodeError as e:
-            lines.append((f"line {i}", None, f"not UTF-8 ({e.reason} at byte {e.start})"))
-    return lines
-
-
 def cmd_translate(args):
     ctx = _device(args.ctx)
     engine = open_engine(args.model, args.engine, ctx, no_unk=args.no_unk)
@@ -60,20 +53,13 @@ def cmd_translate(args):
     if args.attention or args.attention_html:
         explainer = engine if engine.name == "mxnet" else MXNetEngine.load(args.model, ctx)
         require_corrected(explainer.cfg, "attention maps")
-    tokenizer, src_vocab = engine.tokenizer, engine.src_vocab
-    lines = _read_lines(args)
-    good, ok = [], []
-    for label, text, problem in lines:
-        if problem is None:  # the one rule of the library and the server (`inference.limits`)
-            try:
-                tokens = sentence_tokens(text, tokenizer, src_vocab, engine.max_positions)
-            except SentenceError as e:
-                problem = str(e)
-        if problem:
-            print(f"error: {label}: {problem}; skipped", file=sys.stderr)
-        else:
-            good.append(tokens)
-        ok.append(problem is None)
+    tokenizer = engine.tokenizer
+    lines = input_sentences(args.sentences, getattr(sys.stdin, "buffer", None))
+    # the one rule of the library and the server (`inference.limits`); bad lines said once
+    tokens, refused = screen_inputs(lines, tokenizer, engine.src_vocab, engine.max_positions)
+    for line in refusal_report(refused):
+        print(f"error: {line}", file=sys.stderr)
+    good, ok = [t for t in tokens if t is not None], [t is not None for t in tokens]
     translations = iter(engine.translate(good, args.beam, args.alpha))
     outputs = [list(next(translations).tokens) if line_ok else [] for line_ok in ok]
     for out in outputs:  # one output line per input line, empty when skipped
@@ -237,7 +223,7 @@ def _engine_option(parser):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(prog="d2l-transformer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="d2l-transformer")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a model and keep it as a model directory")
@@ -252,7 +238,7 @@ def get_parser():
                    help="auto, cpu, cpu:N, gpu, gpu:N, or a list: gpu:0,gpu:1 (data parallel)")
     t.add_argument("--kvstore", choices=KVSTORES, default="device",
                    help="device: the devices of --ctx in this process; dist_sync: several "
-                        "processes started by `d2l-transformer launch`")
+                        "processes started by d2l-transformer launch")
     t.add_argument("--imperative", action="store_true",
                    help="train with the chapter's imperative loop instead of the default "
                         "hybridized graph path (same numbers to float rounding, slower); "
@@ -372,6 +358,8 @@ def get_parser():
     c.add_argument("--edition", choices=sorted(EDITIONS), default=None,
                    help="only this edition's runs; with no run, what its book printed")
     c.set_defaults(func=cmd_compare)
+    p.description = (f"The Transformer of d2l 9.3 in MXNet: {', '.join(sub.choices)} (each "
+                     "command's options: d2l-transformer COMMAND --help).")
     return p
 
 

@@ -1,9 +1,12 @@
 """The `d2l-transformer` console script: training with checkpoints and --resume, translating
-(bad input: one line each, the rest continues), evaluating, comparing."""
+(bad input: the first few lines one by one, the rest counted by reason; the rest of the input
+continues), evaluating, comparing, the help."""
 
 import io
 import json
 import os
+import random
+import re
 import shutil
 import subprocess
 import sys
@@ -113,6 +116,59 @@ def test_translate_bad_lines_are_skipped(model_dir, monkeypatch, capsys, data, m
     assert len(captured.err.strip().splitlines()) == 1
     out = captured.out.split("\n")[:3]  # one output line per input line, the bad one empty
     assert out[0] and out[1] == "" and out[2]
+
+
+def test_translate_random_bytes_said_once(model_dir, monkeypatch, capsys):
+    """200 KB of random bytes: a few bad lines one by one, then one line counting the rest by
+    reason; still one output line per input line."""
+    rng = random.Random(0)
+    data = bytes(rng.getrandbits(8) for _ in range(200_000))
+    _stdin(monkeypatch, data)
+    assert cli.main(["translate", "--model", model_dir]) == cli.EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert captured.out.count("\n") == len(data.splitlines())
+    err = captured.err.splitlines()
+    assert len(err) == 6 and all(re.match(r"error: line \d+: .+; skipped$", e) for e in err[:5])
+    summary = re.fullmatch(r"error: ([\d,]+) more lines skipped \(([\d,]+) in all\): (.+)", err[5])
+    assert summary, err[5]
+    more, total = (int(n.replace(",", "")) for n in summary.group(1, 2))
+    counts = dict((reason, int(n.replace(",", ""))) for n, reason in
+                  (part.split(" ", 1) for part in summary.group(3).split(", ")))
+    assert total == more + 5 and sum(counts.values()) == more and counts["not UTF-8"] > 1000
+    assert set(counts) <= {"not UTF-8", "empty", "with no known word", "too long"}
+    assert captured.out.split("\n").count("") >= total  # each refused line is an empty one
+
+
+@pytest.mark.parametrize("engine", ["mxnet", "ctranslate2"])
+def test_translate_drops_a_leading_byte_order_mark(model_dir, monkeypatch, capsys, engine):
+    """A BOM opening stdin or an argument is no part of the sentence, whichever engine."""
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+    argv = ["translate", "--model", model_dir, "--engine", engine]
+    _stdin(monkeypatch, b"\xef\xbb\xbfgo .\ngo .\n")
+    assert cli.main(argv) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert first == second
+    _stdin(monkeypatch, b"\xef\xbb\xbfgo\n")  # "\ufeffgo" would be a word the model does not know
+    assert cli.main(argv) == 0
+    assert cli.main(argv + ["\ufeffgo", "go"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == out[1] == out[2] and capsys.readouterr().err == ""
+
+
+def test_help_names_every_command_without_markup(capsys):
+    """The top-level help's text names every command (serve too); no help shows reST markup."""
+    commands = ["train", "translate", "evaluate", "launch", "serve", "export", "compare"]
+    helps = []
+    for argv in [[]] + [[c] for c in commands]:
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv + ["--help"])
+        assert e.value.code == 0
+        helps.append(capsys.readouterr().out)
+    assert f"{{{','.join(commands)}}}" in helps[0]  # the usage's list: the parser's commands
+    text = " ".join(helps[0].split("\n\n")[1].split())  # the paragraph after the usage
+    assert all(re.search(rf"\b{c}\b", text) for c in commands), text
+    assert not [h for h in helps if "``" in h]
 
 
 def test_missing_model_dir_and_bad_options(tmp_path, capsys):

@@ -12,22 +12,33 @@ or one longer than the model's positions (`check_length`); it still translates a
 unknown words, as the chapter's ``predict_s2s_ch8`` does. The messages are one line, without
 the sentence itself (callers prefix where it was: ``line 3: ``, ``text[2]: ``,
 ``sentence 0: ``).
+
+The command line's input (`input_sentences`, `screen_inputs`): its arguments, or the lines of
+stdin's bytes, a byte-order mark opening either dropped; a line that is not UTF-8 is refused.
+Its refusals are reported one by one, then counted by reason (`refusal_report`).
 """
+
+import codecs
+from collections import Counter
 
 BANNED = ("<pad>", "<bos>")  # target tokens a translation never contains (and <unk> on request)
 EXTRA_LENGTH = 10  # a translation may have max(num_steps, its source's length + 10) tokens
 MAX_CHARS = 1000  # characters per sentence
 MAX_TOKENS = 200  # tokens per sentence (and never more than the model's positions): the
 # training sentences of fra-eng have at most ~60, so longer inputs are mistakes or attacks
+SHOWN = 5  # refusals reported one by one; the rest are counted by reason (`refusal_report`)
+BOM = "\ufeff"  # a byte-order mark: Windows editors open UTF-8 files with it
 
 
 class SentenceError(ValueError):
     """A sentence the model cannot translate (one line). `too_large` tells a size limit (HTTP
-    413) from a sentence that is wrong in itself (HTTP 422)."""
+    413) from a sentence that is wrong in itself (HTTP 422); `reason` is its kind in a few
+    words (``"empty"``, ``"too long"``), to count many (`refusal_report`)."""
 
-    def __init__(self, message, too_large=False):
+    def __init__(self, message, too_large=False, reason=None):
         super().__init__(message)
         self.too_large = too_large
+        self.reason = reason or ("too long" if too_large else "refused")
 
 
 def check_text(text, max_chars=MAX_CHARS):
@@ -38,8 +49,8 @@ def check_text(text, max_chars=MAX_CHARS):
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate: JSON "\ud800", or undecodable argv bytes
-        raise SentenceError(f"not valid Unicode (a lone surrogate at character {e.start})") \
-            from None
+        raise SentenceError(f"not valid Unicode (a lone surrogate at character {e.start})",
+                            reason="not valid Unicode") from None
 
 
 def check_length(tokens, max_positions, max_tokens=MAX_TOKENS):
@@ -48,7 +59,7 @@ def check_length(tokens, max_positions, max_tokens=MAX_TOKENS):
     checks this much (with no cap but the positions: a library call may translate anything the
     model can compute, as the chapter's ``predict_s2s_ch8`` does)."""
     if not tokens:
-        raise SentenceError("empty sentence")
+        raise SentenceError("empty sentence", reason="empty")
     limit = max_positions if max_tokens is None else min(max_tokens, max_positions)
     if len(tokens) > limit:
         whose = "the model's positions" if limit == max_positions else "the sentence limit"
@@ -62,7 +73,7 @@ def check_lengths(sentences, max_positions):
         try:
             check_length(tokens, max_positions, max_tokens=None)
         except SentenceError as e:
-            raise SentenceError(f"sentence {i}: {e}", e.too_large) from None
+            raise SentenceError(f"sentence {i}: {e}", e.too_large, e.reason) from None
 
 
 def check_search(beam_size, n_best=None):
@@ -78,7 +89,8 @@ def check_sentence(tokens, src_vocab, max_positions, max_tokens=MAX_TOKENS):
     `src_vocab`: what the command line and the server translate."""
     check_length(tokens, max_positions, max_tokens)
     if all(src_vocab[t] == src_vocab.unk for t in tokens):
-        raise SentenceError("no word of it is in the model's vocabulary")
+        raise SentenceError("no word of it is in the model's vocabulary",
+                            reason="with no known word")
 
 
 def sentence_tokens(text, tokenizer, src_vocab, max_positions, *, max_chars=MAX_CHARS,
@@ -89,6 +101,62 @@ def sentence_tokens(text, tokenizer, src_vocab, max_positions, *, max_chars=MAX_
     tokens = tokenizer.encode(text)
     check_sentence(tokens, src_vocab, max_positions, max_tokens)
     return tokens
+
+
+def input_sentences(arguments, stream):
+    """The command line's sentences, each with where it came from and what is wrong with it:
+    ``[(label, text or None, SentenceError or None)]``, of the `arguments` (``argument 1``,
+    ...) or, when there are none, of the lines of the binary `stream` (``line 1``, ...; a line
+    that is not UTF-8 has its error; None: no lines). A byte-order mark opening the stream or
+    an argument is dropped: an editor's mark, not part of the sentence."""
+    if arguments:
+        return [(f"argument {i}", _without(BOM, s), None) for i, s in enumerate(arguments, 1)]
+    lines = []
+    data = _without(codecs.BOM_UTF8, b"" if stream is None else stream.read())
+    for i, raw in enumerate(data.splitlines(), 1):
+        try:
+            lines.append((f"line {i}", raw.decode("utf-8"), None))
+        except UnicodeDecodeError as e:
+            lines.append((f"line {i}", None, SentenceError(
+                f"not UTF-8 ({e.reason} at byte {e.start})", reason="not UTF-8")))
+    return lines
+
+
+def _without(prefix, text):
+    """`text` (str or bytes) without a leading `prefix` (``str.removeprefix``, Python 3.9)."""
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def screen_inputs(inputs, tokenizer, src_vocab, max_positions):
+    """The tokens of each of `inputs` (`input_sentences`) by `sentence_tokens`, None for one
+    refused, and the refused ones: ``([tokens or None, ...], [(label, SentenceError), ...])``."""
+    tokens, refused = [], []
+    for label, text, error in inputs:
+        if error is None:
+            try:
+                tokens.append(sentence_tokens(text, tokenizer, src_vocab, max_positions))
+                continue
+            except SentenceError as e:
+                error = e
+        tokens.append(None)
+        refused.append((label, error))
+    return tokens, refused
+
+
+def refusal_report(refused, shown=SHOWN):
+    """The lines reporting the refused inputs ``[(label, SentenceError)]``: the first `shown`
+    one by one (``line 3: empty sentence; skipped``), then one line counting the rest by
+    reason (``15,599 more lines skipped (15,604 in all): 15,384 not UTF-8, 215 empty``)."""
+    if len(refused) <= shown + 1:  # one more line tells more than a count of one
+        shown = len(refused)
+    lines = [f"{label}: {error}; skipped" for label, error in refused[:shown]]
+    rest = refused[shown:]
+    if rest:
+        unit = rest[0][0].split()[0]  # "line" or "argument", as `input_sentences` labels them
+        counts = ", ".join(f"{n:,} {reason}" for reason, n in Counter(
+            error.reason for _, error in rest).most_common())
+        lines.append(f"{len(rest):,} more {unit}s skipped ({len(refused):,} in all): {counts}")
+    return lines
 
 
 class ExactChapterError(ValueError):
