@@ -5,11 +5,13 @@
         < sentences.txt > translations.txt
 
 Each input line is a sentence as the model's tokens separated by spaces (``--words``: raw text,
-split as the chapter does — lower case, a space before , . ! — for word-level models); each
+tokenized by the rule the manifest gives, ``tokens.words``, for word-level models); each
 output line is its translation's tokens. Imports only mxnet, numpy and the standard library:
 a reference for programs that serve the exported graphs (docs/export.md). It decodes as the
-package's translator does: sources padded to max(num_steps, longest) of their batch, sentences
-sorted by length into batches, at most max(num_steps, source length + 10) tokens each.
+package's translator does, by the rules the export's manifest carries (``decoding``, written
+from the package's own): sources padded to max(num_steps, longest) of their batch, sentences
+sorted by length into batches, at most max(num_steps, source length + extra_length) tokens
+each, never one of the banned tokens.
 """
 
 import argparse
@@ -43,6 +45,8 @@ def load(export_dir, ctx):
         with open(os.path.join(export_dir, name), "rb") as f:
             if hashlib.sha256(f.read()).hexdigest() != entry["sha256"]:
                 sys.exit(f"error: {name} does not match manifest.json")
+    if not {"extra_length", "banned"} <= set(manifest["decoding"]):
+        sys.exit(f"error: {export_dir} was exported by an older d2l-transformer: export it again")
     npx.set_np()  # the graphs use MXNet's numpy operators
     warnings.filterwarnings("ignore", "Cannot decide type")  # the inputs' types come later
     graphs = {}
@@ -59,10 +63,13 @@ def load(export_dir, ctx):
     return manifest, graphs["encoder"], graphs["decoder_step"], src, vocab["tgt"]
 
 
-def words(line):
-    """The chapter's preprocessing of a line of text (d2l's preprocess_nmt), split."""
-    line = line.replace("\u202f", " ").replace("\xa0", " ").lower()
-    return re.sub(r"(?<=[^ ])([,.!])", r" \1", line).split()
+def words(line, rule):
+    """A line of text as the model's source tokens, by the word tokenizer's `rule` (the
+    manifest's ``tokens.words``: d2l's preprocess_nmt of the model's edition, split)."""
+    for char in rule["no_break_spaces"]:
+        line = line.replace(char, " ")
+    line = line.lower() if rule["lowercase"] else line
+    return re.sub(rule["space_before"], r" \1", line).split() + rule["source_end"]
 
 
 def translate(batch, manifest, encoder, step, max_length, ctx):
@@ -74,8 +81,10 @@ def translate(batch, manifest, encoder, step, max_length, ctx):
     X = np.array([ids + [pad] * (width - len(ids)) for ids in batch], ctx=ctx)  # (B, width)
     valid = np.array([len(ids) for ids in batch], ctx=ctx)  # (B,)
     enc = encoder(X, valid)  # keys, values of each block: (B, width, hidden)
-    limits = [max_length or min(max(num_steps, len(ids) + 10), manifest["model"]["max_positions"])
-              for ids in batch]
+    extra = manifest["decoding"]["extra_length"]
+    banned = [manifest["target_special_tokens"][t] for t in manifest["decoding"]["banned"]]
+    limits = [max_length or min(max(num_steps, len(ids) + extra),
+                                manifest["model"]["max_positions"]) for ids in batch]
     empty = np.zeros((len(batch), max(limits), hidden), ctx=ctx)  # the self caches at start
     caches = []
     for i in range(0, len(enc), 2):
@@ -85,7 +94,9 @@ def translate(batch, manifest, encoder, step, max_length, ctx):
     for t in range(max(limits)):
         log_probs, *self_caches = step(tokens, np.array([t], ctx=ctx), valid, *caches)
         caches[0::4], caches[1::4] = self_caches[0::2], self_caches[1::2]
-        best = log_probs.asnumpy().argmax(axis=1)  # (B,)
+        scores = log_probs.asnumpy()  # (B, V)
+        scores[:, banned] = -numpy.inf  # never emitted, as in the package's translator
+        best = scores.argmax(axis=1)  # (B,)
         for b, token in enumerate(best.tolist()):
             if not done[b]:
                 done[b] = token == eos or len(out[b]) + 1 >= limits[b]
@@ -106,7 +117,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     ctx = mx.cpu()
     manifest, encoder, step, src, tgt = load(args.export_dir, ctx)
-    lines = [words(line) if args.words else line.split() for line in sys.stdin.read().splitlines()]
+    rule = manifest["tokens"].get("words")
+    if args.words and rule is None:
+        sys.exit(f"error: --words is for word-level models; {args.export_dir} takes "
+                 f"{manifest['tokens']['source']}")
+    lines = [words(line, rule) if args.words else line.split()
+             for line in sys.stdin.read().splitlines()]
     ids = [[src.get(token, manifest["special_tokens"]["<unk>"]) for token in line] for line in lines]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # as the translator batches
     result = [None] * len(ids)

@@ -33,8 +33,8 @@ from d2l_transformer.data.split import split_corpus
 from d2l_transformer.evaluate import evaluate_model, translate_texts
 from d2l_transformer.inference.engines import ENGINES, CTranslate2Engine, MXNetEngine, open_engine
 from d2l_transformer.inference.export import ExportError, export
-from d2l_transformer.inference.export.ctranslate2 import EXTRA_LENGTH, decoding_options
-from d2l_transformer.inference.limits import BANNED, SentenceError
+from d2l_transformer.inference.export.ctranslate2 import decoding_options
+from d2l_transformer.inference.limits import BANNED, EXTRA_LENGTH, SentenceError
 from d2l_transformer.inference.translator import ALPHA
 from d2l_transformer.io import lock
 from d2l_transformer.io.manifest import check_manifest
@@ -173,7 +173,7 @@ def test_the_readme_translates_like_the_package_without_it(trained):
     out = t["out"]
     readme = (out / "README.md").read_text()
     snippet = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
-    texts = json.loads(re.search(r"for text in (\[.*?\])\]", snippet).group(1).replace("'", '"'))
+    texts = json.loads(re.search(r"for text in (\[.*?\])\]", snippet).group(1))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     run = subprocess.run([sys.executable, "-I", "-c", BLOCKER + snippet], cwd=str(out), env=env,
                          capture_output=True, text=True, timeout=300)

@@ -5,6 +5,7 @@ variable ``D2L_TRANSFORMER_DATA``, else ``data/fra-eng.zip`` in the source tree 
 sits in."""
 
 import collections
+import functools
 import os
 import re
 import zipfile
@@ -48,10 +49,15 @@ def read_data_nmt(path=None):
         raise DataError(f"dataset {path} is damaged or unreadable: {e}") from None
 
 
+NO_BREAK_SPACES = ("\u202f", "\xa0")  # what d2l's `preprocess_nmt` makes plain spaces first
+
+
 def plain_spaces(text):
-    """Non-breaking spaces (French ``Va\\u202f!``, ``\\xa0``) made plain spaces, as d2l's
-    `preprocess_nmt` does first."""
-    return text.replace("\u202f", " ").replace("\xa0", " ")
+    """Non-breaking spaces (`NO_BREAK_SPACES`: French ``Va\\u202f!``, ``\\xa0``) made plain
+    spaces, as d2l's `preprocess_nmt` does first."""
+    for char in NO_BREAK_SPACES:
+        text = text.replace(char, " ")
+    return text
 
 
 def fra_pairs(text, start=0, stop=None):
@@ -85,11 +91,18 @@ def preprocess_nmt(text, punctuation=",.!"):
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=None)
+def space_before(punctuation):
+    """The regular expression of `preprocess_fast`: a mark of `punctuation` that follows a
+    non-space (replaced by ``r" \\1"``, a space and the mark)."""
+    return r"(?<=[^ ])([%s])" % re.escape(punctuation)
+
+
 def preprocess_fast(text, punctuation=",.!"):
-    """`preprocess_nmt` as one regular expression: the same text (all of fra.txt is checked in
-    tests/test_data.py), without a Python loop over characters."""
+    """`preprocess_nmt` as one regular expression (`space_before`): the same text (all of
+    fra.txt is checked in tests/test_data.py), without a Python loop over characters."""
     text = plain_spaces(text).lower()
-    return re.sub(r"(?<=[^ ])([%s])" % re.escape(punctuation), r" \1", text)
+    return re.sub(space_before(punctuation), r" \1", text)
 
 
 def tokenize_nmt(text, num_examples=None):

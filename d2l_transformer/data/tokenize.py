@@ -20,7 +20,7 @@ import io
 import os
 import re
 
-from .text import RESERVED_TOKENS, Vocab, preprocess_fast, punctuation
+from .text import NO_BREAK_SPACES, RESERVED_TOKENS, Vocab, preprocess_fast, punctuation, space_before
 
 SPM_SRC, SPM_TGT = "spm_src.model", "spm_tgt.model"  # file names inside a model directory
 TOKENIZERS = ("word", "subword")
@@ -50,7 +50,17 @@ class WordTokenizer:
     kind, lowercase = "word", True
 
     def __init__(self, edition="0.11"):
+        self.edition = edition
         self.marks, self.eos = punctuation(edition), [] if edition == "0.11" else ["<eos>"]
+
+    def rule(self):
+        """``encode`` as data, for programs without this package (the exports' manifests):
+        replace each of ``no_break_spaces`` by a space, lower-case, put a space before each
+        match of the regular expression ``space_before`` (a mark of ``marks`` after a
+        non-space), split on spaces, append ``source_end``."""
+        return {"edition": self.edition, "no_break_spaces": list(NO_BREAK_SPACES),
+                "lowercase": self.lowercase, "marks": self.marks, "space_before": space_before(self.marks),
+                "source_end": list(self.eos)}
 
     def encode(self, text):
         return self.encode_target(text) + self.eos

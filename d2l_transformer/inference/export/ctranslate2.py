@@ -6,33 +6,38 @@ int8, int16; NVIDIA GPUs through CUDA 12), built with its spec API from the weig
     model.bin, config.json                       CTranslate2's model and its configuration
     source_vocabulary.json, target_vocabulary.json    the model's vocabularies, in id order
     spm_src.model, spm_tgt.model                 subword models: the sentencepiece models
-    README.md        how to translate with it (only `ctranslate2` and `sentencepiece`)
-    manifest.json    versions, the model's sizes, the special tokens, the `translate_batch`
-                     options that decode as the package does, size and SHA-256 of every file
+    README.md        how to translate with it (only `ctranslate2` and `sentencepiece`), its
+                     Python generated from the manifest (`snippet`)
+    manifest.json    versions, the model's sizes, the special tokens, the model's tokenization
+                     (`source.tokens_manifest`), the `translate_batch` options that decode as
+                     the package does, size and SHA-256 of every file
 
 The chapter's architecture (d2l 9.3) is CTranslate2's ``TransformerSpec`` exactly:
 post-norm (``pre_norm=False``), embeddings scaled by sqrt(d), the chapter's interleaved sin/cos
 table as the position table (CTranslate2's own sinusoid concatenates sin and cos), attention
-without biases, ReLU FFN, separate vocabularies, LayerNorm epsilon 1e-5, no ``<eos>`` appended to
-sources. Gluon's ``Dense`` weights are already (out, in), CTranslate2's layout; W_q/W_k/W_v are
-concatenated for self-attention and W_k/W_v for the encoder-decoder attention (`_attention`).
+without biases, ReLU FFN, separate vocabularies, LayerNorm epsilon 1e-5, nothing appended to
+the source tokens (the tokenizer's own: a later edition's end with ``<eos>``). Gluon's
+``Dense`` weights are already (out, in), CTranslate2's layout; W_q/W_k/W_v are concatenated
+for self-attention and W_k/W_v for the encoder-decoder attention (`_attention`).
 The variants: pre-norm (with its final norms), FixNorm (unit-norm rows baked into the
 embedding table), fused QKV; LayerDrop and DropHead change nothing at inference. ScaleNorm has
 no CTranslate2 counterpart and is refused. docs/export.md has the table of names.
 """
 
 import datetime
+import functools
 import json
 import os
 import tempfile
+import textwrap
 
 import numpy as onp
 
 from ...io import atomic
 from ...io.manifest import MANIFEST
 from ...variants import FixNormEmbedding
-from ..limits import BANNED, EXTRA_LENGTH, decode_limit
-from .source import ExportError, copy_file, write_tokenizer_files
+from ..limits import BANNED, decode_limit
+from .source import ExportError, copy_file, decoding_rules, limit_text, tokens_manifest, write_tokenizer_files
 
 FORMAT = "d2l_transformer export ctranslate2 1"
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -152,7 +157,7 @@ def build_spec(source, quantization=None):
     config = spec.config
     config.unk_token, config.bos_token, config.eos_token = "<unk>", "<bos>", "<eos>"
     config.decoder_start_token = "<bos>"
-    config.add_source_bos = config.add_source_eos = False  # the chapter's sources: no <eos>
+    config.add_source_bos = config.add_source_eos = False  # the tokenizer's tokens as they are
     config.layer_norm_epsilon = LAYER_NORM_EPSILON
     spec.register_source_vocabulary(list(source.src_vocab.idx_to_token))
     spec.register_target_vocabulary(list(source.tgt_vocab.idx_to_token))
@@ -180,6 +185,7 @@ def _manifest(source, quantization, ct2_version, tokenizer_files):
     from ..._version import __version__
     cfg, src_vocab, tgt_vocab = source.cfg, source.src_vocab, source.tgt_vocab
     model_manifest = os.path.join(source.directory, MANIFEST)
+    tokens = tokens_manifest(source.tokenizer)
     return {
         "format": FORMAT,
         "model_manifest_sha256": (atomic.sha256(model_manifest)  # the model version exported
@@ -200,71 +206,86 @@ def _manifest(source, quantization, ct2_version, tokenizer_files):
         "special_tokens": {t: src_vocab[t] for t in SPECIAL_TOKENS},
         "target_special_tokens": {t: tgt_vocab[t] for t in SPECIAL_TOKENS},
         "tokenizer_files": tokenizer_files,
+        "tokens": tokens,
         "decoding": {
-            "source": ("sentencepiece pieces of spm_src.model (encode(text, out_type=str))"
-                       if cfg.tokenizer == "subword" else
-                       "the chapter's words: lower-cased, no-break spaces made spaces, a space "
-                       "put before , . ! that follow a non-space, split on spaces"),
-            "target": ("sentencepiece pieces of spm_tgt.model (decode(pieces))"
-                       if cfg.tokenizer == "subword" else "words, joined with spaces"),
+            "source": tokens["source"],  # the model's own tokenizer (`source.tokens_manifest`)
+            "target": tokens["target"],
             "num_steps": cfg.num_steps,
+            **decoding_rules(),
             "translate_batch": {k: v for k, v in decoding_options(cfg, 0).items()
                                 if k != "max_decoding_length"},
-            "max_decoding_length": f"max({cfg.num_steps}, the longest source's tokens + "
-                                   f"{EXTRA_LENGTH})",
+            "max_decoding_length": limit_text(cfg.num_steps, "the longest source's tokens"),
         },
     }
 
 
-_README = """# A d2l_transformer model for CTranslate2
-
-English -> French, exported by `d2l-transformer export --format ctranslate2` (d2l_transformer
-{version}, CTranslate2 {ct2}, weights {quantization}). {layers} encoder + {dec_layers} decoder
-layers, hidden size {hidden}, {heads} heads, {src} source and {tgt} target {unit}.
-
-```python
-{snippet}
-```
-
-Greedy decoding with these options gives the package's `d2l-transformer translate` token for
-token (float32; the package limits each sentence to max({num_steps}, its length + {extra}) tokens,
-this call the whole batch to its longest sentence's limit). Beam search (`beam_size=4`) ranks
-by `log P / length ** length_penalty`, the package by GNMT's `((5 + length) / 6) ** alpha`:
-`length_penalty=0` is the package's `--alpha 0`. On an NVIDIA GPU (CUDA 12):
-`ctranslate2.Translator(d, device="cuda")`. manifest.json lists the sizes, the special tokens'
-ids and the SHA-256 of every file.
-"""
+_INTRO = ("English -> French, exported by `d2l-transformer export --format ctranslate2` "
+          "(d2l_transformer {version}, CTranslate2 {ct2}, weights {quantization}). {layers} "
+          "encoder + {dec_layers} decoder layers, hidden size {hidden}, {heads} heads, {src} "
+          "source and {tgt} target {unit}. Source tokens: {source}.")
+_OPTIONS = ("Greedy decoding with these options gives the package's `d2l-transformer translate` "
+            "token for token (float32; the package limits each sentence to {limit} tokens, this "
+            "call the whole batch to its longest sentence's limit). Beam search (`beam_size=4`) "
+            "ranks by `log P / length ** length_penalty`, the package by GNMT's "
+            "`((5 + length) / 6) ** alpha`: `length_penalty=0` is the package's `--alpha 0`. On "
+            "an NVIDIA GPU (CUDA 12): `ctranslate2.Translator(d, device=\"cuda\")`. manifest.json "
+            "lists the sizes, the special tokens' ids and the SHA-256 of every file.")
 
 _SUBWORD = """import ctranslate2, sentencepiece as spm
 d = "{directory}"  # this directory
 src, tgt = (spm.SentencePieceProcessor(model_file=f"{{d}}/spm_{{s}}.model") for s in ("src", "tgt"))
-pieces = [src.encode(text, out_type=str) for text in ["Hello!", "How are you?"]]
-results = ctranslate2.Translator(d, device="cpu", intra_threads=2).translate_batch(
-    pieces, beam_size=1, min_decoding_length=0, max_input_length=0, suppress_sequences=[["<pad>"], ["<bos>"]],
-    max_decoding_length=max({num_steps}, max(map(len, pieces)) + {extra}))
-print([tgt.decode(r.hypotheses[0]) for r in results])"""
+tokens = [src.encode(text, out_type=str) for text in {texts}]"""
 
 _WORD = """import ctranslate2, re
 d = "{directory}"  # this directory
-def words(text):  # the chapter's preprocess_nmt, then split on spaces
-    text = text.replace("\\u202f", " ").replace("\\xa0", " ").lower()
-    return re.sub(r"(?<=[^ ])([,.!])", r" \\1", text).split()
-tokens = [words(text) for text in ["Go.", "I won!"]]
-results = ctranslate2.Translator(d, device="cpu", intra_threads=2).translate_batch(
-    tokens, beam_size=1, min_decoding_length=0, max_input_length=0, suppress_sequences=[["<pad>"], ["<bos>"]],
-    max_decoding_length=max({num_steps}, max(map(len, tokens)) + {extra}))
-print([" ".join(r.hypotheses[0]) for r in results])"""
+def words(text):  # d2l {edition}'s preprocess_nmt, split on spaces{end_comment}
+    text = text{plain}.lower()
+    return re.sub(r"{space_before}", r" \\1", text).split(){end}
+tokens = [words(text) for text in {texts}]"""
+
+_TRANSLATE = """results = ctranslate2.Translator(d, device="cpu", intra_threads=2).translate_batch(
+    tokens, {options},
+    max_decoding_length={limit})
+print([{decode} for r in results])"""
+
+_TEXTS = {"subword": ["Hello!", "How are you?"], "word": ["Go.", "I won!", "Who are you?"]}
+
+
+def _word_snippet(rule, directory):
+    """The word tokenizer's `rule` (`WordTokenizer.rule`) as the snippet's ``words``."""
+    end = rule["source_end"]
+    return _WORD.format(
+        directory=directory, edition=rule["edition"], texts=json.dumps(_TEXTS["word"]),
+        plain="".join(f'.replace({json.dumps(c)}, " ")' for c in rule["no_break_spaces"]),
+        space_before=rule["space_before"], end=f" + {json.dumps(end)}" if end else "",
+        end_comment=f", then {' '.join(end)}" if end else "")
+
+
+def snippet(manifest, directory="."):
+    """The Python that translates with the export (its README's), generated from the manifest:
+    the tokenizer's rule (``tokens``) and the package's decoding options."""
+    decoding, tokens = manifest["decoding"], manifest["tokens"]
+    if tokens["kind"] == "subword":
+        head = _SUBWORD.format(directory=directory, texts=json.dumps(_TEXTS["subword"]))
+        decode = "tgt.decode(r.hypotheses[0])"
+    else:
+        head, decode = _word_snippet(tokens["words"], directory), '" ".join(r.hypotheses[0])'
+    options = ", ".join(f"{k}={v!r}" for k, v in decoding["translate_batch"].items())
+    return head + "\n" + _TRANSLATE.format(
+        options=options, decode=decode,
+        limit=limit_text(decoding["num_steps"], "max(map(len, tokens))"))
 
 
 def readme(manifest, directory="."):
     """The README.md of an export: what it is and the Python that translates with it."""
-    m, subword = manifest["model"], manifest["model"]["tokenizer"] == "subword"
-    snippet = (_SUBWORD if subword else _WORD).format(
-        directory=directory, num_steps=manifest["decoding"]["num_steps"], extra=EXTRA_LENGTH)
-    return _README.format(
+    m, subword = manifest["model"], manifest["tokens"]["kind"] == "subword"
+    intro = _INTRO.format(
         version=manifest["d2l_transformer_version"], ct2=manifest["ctranslate2_version"],
         quantization=manifest["quantization"], layers=m["encoder_layers"],
         dec_layers=m["decoder_layers"], hidden=m["hidden_size"], heads=m["num_heads"],
         src=m["source_vocab_size"], tgt=m["target_vocab_size"],
-        unit="sentencepiece pieces" if subword else "words", snippet=snippet,
-        num_steps=manifest["decoding"]["num_steps"], extra=EXTRA_LENGTH)
+        unit="sentencepiece pieces" if subword else "words", source=manifest["tokens"]["source"])
+    options = _OPTIONS.format(limit=limit_text(manifest["decoding"]["num_steps"], "its length"))
+    fill = functools.partial(textwrap.fill, width=95, break_on_hyphens=False)
+    return (f"# A d2l_transformer model for CTranslate2\n\n{fill(intro)}\n\n```python\n"
+            f"{snippet(manifest, directory)}\n```\n\n{fill(options)}\n")

@@ -12,7 +12,8 @@
     src_vocab.json, tgt_vocab.json, config.json    copied from the model directory
     *.model                                        its tokenizer files (sentencepiece), if any
     manifest.json    versions, the graphs' inputs and outputs (names, shapes, meaning), the
-                     decoding conventions, size and SHA-256 of every file
+                     model's tokenization (`source.tokens_manifest`), the decoding conventions
+                     (`source.decoding_rules`), size and SHA-256 of every file
 
 Both graphs contain MXNet's own operators only; they load with
 ``mx.gluon.SymbolBlock.imports`` (numpy mode, ``npx.set_np()``). scripts/exported_translate.py
@@ -28,9 +29,8 @@ from mxnet import np
 from mxnet.gluon import nn
 
 from ... import checkpoint
-from ..limits import EXTRA_LENGTH
 from ..step import DecoderStep, EncoderKV, call, hybridized
-from .source import copy_file, write_tokenizer_files
+from .source import copy_file, decoding_rules, limit_text, tokens_manifest, write_tokenizer_files
 
 FORMAT = "d2l_transformer export 1"
 ENCODER, STEP = "encoder", "decoder_step"
@@ -121,11 +121,14 @@ def write(source, directory, ctx):
     for name in (checkpoint.SRC_VOCAB, checkpoint.TGT_VOCAB, checkpoint.CONFIG):
         copy_file(os.path.join(source.directory, name), os.path.join(directory, name))
     write_tokenizer_files(source, directory)
-    return _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, source.summary)
+    return _manifest(source, num_layers, hidden)
 
 
-def _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
+def _manifest(source, num_layers, hidden):
     from ..._version import __version__
+    cfg, model, src_vocab, tgt_vocab = source.cfg, source.model, source.src_vocab, source.tgt_vocab
+    tokens = tokens_manifest(source.tokenizer)
+    end = tokens.get("words", {}).get("source_end")
     graphs = _io_spec(num_layers, hidden, len(tgt_vocab))
     for name in (ENCODER, STEP):
         graphs[name].update(symbol=f"{name}-symbol.json", params=f"{name}-0000.params")
@@ -141,15 +144,19 @@ def _manifest(cfg, model, src_vocab, tgt_vocab, num_layers, hidden, summary):
                   "source_vocab_size": len(src_vocab), "target_vocab_size": len(tgt_vocab),
                   "max_positions": model.decoder.pos_encoding.P.shape[1],
                   "tokenizer": getattr(cfg, "tokenizer", "word"),
-                  "preset": summary.get("preset")},
+                  "preset": source.summary.get("preset")},
         "special_tokens": {t: src_vocab[t] for t in ("<unk>", "<pad>", "<bos>", "<eos>")},
         "target_special_tokens": {t: tgt_vocab[t] for t in ("<unk>", "<pad>", "<bos>", "<eos>")},
+        "tokens": tokens,  # the model's own tokenizer (`source.tokens_manifest`)
         "decoding": {
-            "source": f"ids padded with <pad> to max({cfg.num_steps}, the batch's longest), "
-                      "never cut; valid_length = number of tokens; no <eos> appended",
+            "source": f"ids of the tokens padded with <pad> to max({cfg.num_steps}, the batch's "
+                      "longest), never cut; valid_length = number of tokens; "
+                      + (f"the tokens end with {' '.join(end)} (tokens.words.source_end)" if end
+                         else "no <eos> appended"),
             "num_steps": cfg.num_steps,
-            "max_length": f"at most max({cfg.num_steps}, source length + {EXTRA_LENGTH}) "
-                          "tokens, the package's default",
+            **decoding_rules(),
+            "max_length": f"at most {limit_text(cfg.num_steps, 'source length')} tokens, the "
+                          "package's default; never one of banned",
             "step": "position t (0 = <bos>): feed the token at t, read log_probs of the token "
                     "at t + 1; the self caches come back updated (shifted by one, the new "
                     "position first) and are fed to the next step; the encoder caches are "

@@ -1,5 +1,7 @@
 """What an export reads from a model directory, read once for every format: the model, its
-vocabularies, config, summary and tokenizer files, all from ONE version of the directory.
+vocabularies, config, summary and tokenizer files, all from ONE version of the directory; and
+what both formats' manifests say of them: the model's own tokenization (`tokens_manifest`) and
+the package's decoding rules (`decoding_rules`, `inference.limits`).
 
 A model directory is a link to a versioned sibling (`io.atomic.write_dir`); the version is
 resolved once (``os.path.realpath``) and everything is read from it, so an export made while
@@ -11,7 +13,7 @@ import os
 
 from ... import checkpoint
 from ...io import atomic
-from ..limits import ExactChapterError, require_corrected
+from ..limits import BANNED, EXTRA_LENGTH, ExactChapterError, require_corrected
 
 
 class ExportError(ValueError):
@@ -70,3 +72,38 @@ def copy_file(src, dst):
         with open(src, "rb") as fin, open(tmp, "xb") as fout:
             fout.write(fin.read())
     atomic.write_file(dst, write)
+
+
+def decoding_rules():
+    """The package's decoding rules as data for the manifests (`inference.limits`): a
+    translation has at most max(num_steps, source tokens + ``extra_length``) tokens and never
+    one of ``banned``."""
+    return {"extra_length": EXTRA_LENGTH, "banned": list(BANNED)}
+
+
+def limit_text(num_steps, length):
+    """`limits.decode_limit` written out for a source of `length` tokens (a phrase, or a Python
+    expression: the CTranslate2 README's snippet evaluates it)."""
+    return f"max({num_steps}, {length} + {EXTRA_LENGTH})"
+
+
+def describe_words(rule):
+    """One line saying what the word tokenizer's `rule` (`WordTokenizer.rule`) does."""
+    spaces = ", ".join(f"U+{ord(c):04X}" for c in rule["no_break_spaces"])
+    end = f", then {' '.join(rule['source_end'])} appended" if rule["source_end"] else ""
+    return (f"d2l {rule['edition']}'s words: no-break spaces ({spaces}) made spaces, "
+            f"lower-cased, a space put before {' '.join(rule['marks'])} that follow a "
+            f"non-space, split on spaces{end}")
+
+
+def tokens_manifest(tokenizer):
+    """The manifests' ``tokens``: how text becomes the model's source tokens and target tokens
+    text, asked of the model's own tokenizer (`data.tokenize`; ``words``: a word tokenizer's
+    `WordTokenizer.rule`)."""
+    if tokenizer.kind == "subword":
+        return {"kind": "subword",
+                "source": "sentencepiece pieces of spm_src.model (encode(text, out_type=str))",
+                "target": "sentencepiece pieces of spm_tgt.model (decode(pieces))"}
+    rule = tokenizer.rule()
+    return {"kind": "word", "source": describe_words(rule), "target": "words, joined with spaces",
+            "words": rule}
