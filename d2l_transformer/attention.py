@@ -49,13 +49,13 @@ class DotProductAttention(nn.HybridBlock):
 class MultiHeadAttention(nn.HybridBlock):
     """9.3.1: project queries, keys and values, attend in `num_heads` heads, concatenate, project.
 
-    ``exact_chapter=True`` repeats the valid lengths with the chapter's ``np.tile`` (bug 2).
+    ``tile_valid_lengths=True`` repeats the valid lengths with the chapter's ``np.tile`` (bug 2).
     """
 
-    def __init__(self, hidden_size, num_heads, dropout, exact_chapter=False, **kwargs):
+    def __init__(self, hidden_size, num_heads, dropout, tile_valid_lengths=False, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
-        self.exact_chapter = exact_chapter
+        self.tile_valid_lengths = tile_valid_lengths
         self.attention = DotProductAttention(dropout)
         self.W_q = nn.Dense(hidden_size, use_bias=False, flatten=False)
         self.W_k = nn.Dense(hidden_size, use_bias=False, flatten=False)
@@ -69,19 +69,20 @@ class MultiHeadAttention(nn.HybridBlock):
         key = transpose_qkv(self.W_k(key), self.num_heads)  # (batch * heads, k, d)
         value = transpose_qkv(self.W_v(value), self.num_heads)  # (batch * heads, k, d)
         if valid_length is not None:
-            valid_length = repeat_valid_length(valid_length, self.num_heads, self.exact_chapter)
+            valid_length = repeat_valid_length(valid_length, self.num_heads, self.tile_valid_lengths)
         output = self.attention(query, key, value, valid_length)  # (batch * heads, q, d)
         return self.W_o(transpose_output(output, self.num_heads))  # (batch, q, hidden_size)
 
 
-def repeat_valid_length(valid_length, num_heads, exact_chapter=False):
+def repeat_valid_length(valid_length, num_heads, tile=False):
     """Each example's valid lengths once per head: (batch, ...) -> (batch * num_heads, ...).
 
     `transpose_qkv` puts head j of example b at row ``b * num_heads + j``, so each row is
-    repeated in place. The chapter's ``np.tile`` repeats the whole batch instead (bug 2).
+    repeated in place. The chapter's ``np.tile`` (``tile=True``) repeats the whole batch instead
+    (bug 2).
     """
     F = _F(valid_length)
-    if exact_chapter:  # np.tile(v, h) for (batch,), np.tile(v, (h, 1)) for (batch, q)
+    if tile:  # np.tile(v, h) for (batch,), np.tile(v, (h, 1)) for (batch, q)
         tiled = F.np.tile(F.npx.reshape(valid_length, (-2, -1)), (num_heads, 1))  # (h*batch, 1|q)
         return F.npx.reshape_like(tiled, F.np.repeat(valid_length, num_heads, axis=0))
     return F.np.repeat(valid_length, num_heads, axis=0)

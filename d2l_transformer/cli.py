@@ -225,7 +225,15 @@ def _engine_option(parser):
 def get_parser():
     p = argparse.ArgumentParser(prog="d2l-transformer")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_translate_and_evaluate, _add_launch, _add_serve, _add_export,
+                _add_compare):
+        add(sub)
+    p.description = (f"The Transformer of d2l 9.3 in MXNet: {', '.join(sub.choices)} (each "
+                     "command's options: d2l-transformer COMMAND --help).")
+    return p
 
+
+def _add_train(sub):
     t = sub.add_parser("train", help="train a model and keep it as a model directory")
     t.add_argument("--preset", choices=sorted(PRESETS), default="chapter")
     t.add_argument("--edition", choices=sorted(EDITIONS), default="0.11",
@@ -273,6 +281,8 @@ def get_parser():
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
+
+def _add_translate_and_evaluate(sub):
     for name, func, text in (("translate", cmd_translate, "translate English sentences"),
                              ("evaluate", cmd_evaluate, "BLEU and chrF of a model directory "
                                                         "(or of a file of translations)")):
@@ -310,6 +320,8 @@ def get_parser():
             e.add_argument("--lowercase", action="store_true",
                            help="case-insensitive scores (always so for lower-casing models)")
 
+
+def _add_launch(sub):
     la = sub.add_parser("launch", help="run a command as a dist_sync job (MXNet's launcher)",
                         description="Run COMMAND as a dist_sync job: a scheduler, -s servers "
                                     "and -n workers, e.g. d2l-transformer launch -n 2 -- "
@@ -322,6 +334,8 @@ def get_parser():
     la.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     la.set_defaults(func=cmd_launch)
 
+
+def _add_serve(sub):
     sv = sub.add_parser("serve", help="serve a model directory over HTTP: POST /translate, "
                                       "the attention explorer at /, API docs at /docs")
     sv.add_argument("--model", required=True, help="a model directory written by train")
@@ -338,6 +352,8 @@ def get_parser():
                          "$D2L_TRANSFORMER_API_KEY, else none")
     sv.set_defaults(func=cmd_serve)
 
+
+def _add_export(sub):
     x = sub.add_parser("export", help="write a model directory in MXNet's deployment format "
                                       "(encoder and decoding-step graphs) or as a CTranslate2 "
                                       "model (docs/export.md)")
@@ -352,15 +368,14 @@ def get_parser():
     x.add_argument("--ctx", default="cpu")
     x.set_defaults(func=cmd_export)
 
+
+def _add_compare(sub):
     c = sub.add_parser("compare", help="the book's output beside chapter runs")
     c.add_argument("runs", nargs="*", help="model directories or chapter-script output directories "
                    "(also scripts/chapter_oracle.py's: the chapter's own code)")
     c.add_argument("--edition", choices=sorted(EDITIONS), default=None,
                    help="only this edition's runs; with no run, what its book printed")
     c.set_defaults(func=cmd_compare)
-    p.description = (f"The Transformer of d2l 9.3 in MXNet: {', '.join(sub.choices)} (each "
-                     "command's options: d2l-transformer COMMAND --help).")
-    return p
 
 
 def main(argv=None):

@@ -53,6 +53,12 @@ class TransformerConfig:
     # 1 (fairseq, PyTorch recipes); False: the chapter's clip of the summed loss's gradient
     valid_sentences: int = 500  # validation during training: greedy BLEU on the first N valid pairs
 
+    @property
+    def bugs(self):
+        """The book's bugs this config's model and training keep, by switch name (`BUGS`): its
+        edition's (`EXACT_BUGS`) with ``exact_chapter``, none otherwise."""
+        return EXACT_BUGS[self.edition] if self.exact_chapter else ()
+
     def replace(self, **changes):
         """A copy with some fields changed (the dataclass is frozen)."""
         return dataclasses.replace(self, **changes)
@@ -240,6 +246,23 @@ EDITIONS = {
     "1.0": CHAPTER.replace(edition="1.0", embedding_size=256, dropout=0.2, batch_size=128,
                            num_steps=9, lr=0.001, num_epochs=30, num_examples=512, num_valid=128,
                            min_freq=2, loss_reduction="token"),
+}
+
+# The book's bugs, each by the switch that keeps it (docs/chapter.md, docs/editions.md), and which
+# edition's exact run keeps which. The default model and training keep none; a block takes its
+# switches at construction (`build.build_model`), nothing is flipped after.
+BUGS = {
+    "decoder_vocab_from_source": "bug 1: TransformerDecoder(len(src_vocab), ...)",
+    "tile_valid_lengths": "bug 2: np.tile of the valid lengths where heads are example-major",
+    "restart_positions": "bug 3: every prediction step adds position 0",
+    "mask_in_training_only": "the decoder's causal mask only under autograd.is_training()",
+    "loss_over_padding": "d2l 1.0's loss: the mean over every position, <pad> included",
+}
+EXACT_BUGS = {
+    "0.11": ("decoder_vocab_from_source", "tile_valid_lengths", "restart_positions",
+             "mask_in_training_only"),
+    "0.17": ("restart_positions", "mask_in_training_only"),
+    "1.0": ("restart_positions", "mask_in_training_only", "loss_over_padding"),
 }
 
 

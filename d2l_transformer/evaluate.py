@@ -16,12 +16,11 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from .data import WordTokenizer, evaluation_sets
 from .inference.engines import DEFAULT_ENGINE, open_engine
+from .inference.limits import chapter_only
 from .inference.translator import ALPHA, BEAM_SIZE
 
-# d2l 1.0 (10.7.6) translates these with the trained seq2seq model and prints their BLEU
-BLEU_PAIRS = [("go .", "va !"), ("i lost .", "j'ai perdu ."), ("he's calm .", "il est calme ."),
-              ("i'm home .", "je suis chez moi .")]
-# the same sentences as fra.txt spells them (the input of a cased, subword model)
+# the sentences whose BLEU d2l prints (`book.REFERENCES`) as fra.txt spells them (the input of
+# a cased, subword model)
 BLEU_PAIRS_TEXT = [("Go.", "Va !"), ("I lost.", "J'ai perdu."), ("He's calm.", "Il est calme."),
                    ("I'm home.", "Je suis chez moi.")]
 
@@ -209,7 +208,7 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     cfg, tok = translator.cfg, translator.tokenizer
     src_vocab, tgt_vocab = translator.src_vocab, translator.tgt_vocab
     lowercase = tok.lowercase or lowercase
-    decoders = [("greedy", 1)] + ([] if cfg.exact_chapter else [(f"beam {beam}", beam)])
+    decoders = [("greedy", 1)] + ([] if chapter_only(cfg) else [(f"beam {beam}", beam)])
     report = {"model": model_dir, "engine": translator.name,
               "preset": translator.summary.get("preset"), "tokenizer": tok.kind,
               "lowercase": lowercase, "chapter_sentences": [], "sets": []}

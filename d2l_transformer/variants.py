@@ -95,7 +95,7 @@ class VariantMultiHeadAttention(_SameNames, MultiHeadAttention):
     def __init__(self, hidden_size, num_heads, dropout, *, drophead=0.0, fused_qkv=False,
                  **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
-        self.num_heads, self.exact_chapter, self.fused_qkv = num_heads, False, fused_qkv
+        self.num_heads, self.tile_valid_lengths, self.fused_qkv = num_heads, False, fused_qkv
         self.attention = DropHeadAttention(dropout, drophead) if drophead > 0 else \
             DotProductAttention(dropout)
         if fused_qkv:  # W_q, W_k, W_v: the identity on W_qkv's thirds
@@ -178,7 +178,7 @@ class VariantDecoderBlock(_SameNames, DecoderBlock):
     def __init__(self, embedding_size, ffn_hidden_size, num_heads, dropout, i, *,
                  pre_norm=False, norm="layer", drophead=0.0, fused_qkv=False, **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
-        self.i, self.exact_chapter = i, False
+        self.i, self.mask_in_training_only = i, False
         an = {"pre_norm": pre_norm, "norm": norm, "hidden_size": embedding_size}
         self.attention_1 = VariantMultiHeadAttention(embedding_size, num_heads, dropout,
                                                      drophead=drophead, fused_qkv=fused_qkv)
@@ -276,7 +276,7 @@ class VariantTransformerDecoder(_SameNames, _VariantStack, TransformerDecoder):
                  dropout, *, pre_norm=False, norm="layer", fixnorm=False, layerdrop=0.0,
                  drophead=0.0, fused_qkv=False, **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
-        self.num_layers, self.exact_chapter = num_layers, False
+        self.num_layers, self.restart_positions = num_layers, False
         kw = {"pre_norm": pre_norm, "norm": norm, "drophead": drophead, "fused_qkv": fused_qkv}
         self._build(vocab_size, embedding_size, dropout, num_layers,
                     lambda i: VariantDecoderBlock(embedding_size, ffn_hidden_size, num_heads,

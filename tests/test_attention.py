@@ -61,7 +61,8 @@ def test_multi_head_attention_toy_shape():
 
 
 def _mha_pair(exact):
-    ours, theirs = d2t.MultiHeadAttention(8, 2, 0.0, exact_chapter=exact), book.MultiHeadAttention(8, 2, 0.0)
+    ours = d2t.MultiHeadAttention(8, 2, 0.0, tile_valid_lengths=exact)
+    theirs = book.MultiHeadAttention(8, 2, 0.0)
     ours.initialize()
     theirs.initialize()
     X = np.random.normal(size=(3, 4, 8))

@@ -144,7 +144,7 @@ def test_each_editions_data_and_blocks_are_its_own(tmp_path, edition):
     for name, ours_out in (("enc", enc_out), ("train", train), ("steps", steps)):
         assert onp.array_equal(ours_out.asnumpy(), outputs[name]), name
     # and the corrected model gives each step its position: steps == one causal pass
-    model.decoder.exact_chapter = False
+    model.decoder.restart_positions = False
     state = model.decoder.init_state(enc_out, src_vl)
     fixed = np.concatenate([model.decoder(tgt_ids[:, i:i + 1], state)[0] for i in range(4)], axis=1)
     assert float(np.abs(fixed - train).max()) < 1e-5 < float(np.abs(steps - train).max())
@@ -243,7 +243,7 @@ def test_the_exact_1_0_run_refuses_several_devices(tmp_path, capsys):
     out = tmp_path / "model"
     assert cli.main(["train", "--edition", "1.0", "--exact-chapter", "--ctx", "cpu:0,cpu:1",
                      "--out", str(out)]) == 2
-    assert "the exact 1.0 run trains on one device" in capsys.readouterr().err
+    assert "trains on one device, as d2l 1.0's code does" in capsys.readouterr().err
     assert not os.listdir(tmp_path)
 
 

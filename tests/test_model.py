@@ -2,10 +2,12 @@
 
 import chapter_0_11 as book
 import numpy as onp
+import pytest
 from conftest import ModelGraph, assert_close, copy_params
 from mxnet import autograd, np
 
 import d2l_transformer as d2t
+from d2l_transformer.config import BUGS, EDITIONS, EXACT_BUGS
 
 
 def test_toy_shapes():
@@ -126,3 +128,26 @@ def test_hybridized_model_equals_imperative():
     graph.hybridize(static_alloc=True, static_shape=True)
     for _ in range(2):  # the first call traces the graph, the second reuses it
         assert_close(graph(X, Y, xl), expected, tol=1e-5)
+
+
+@pytest.mark.parametrize("edition", ["0.11", "0.17", "1.0"])
+def test_each_bug_is_a_named_switch_set_at_construction(edition):
+    """`config.EXACT_BUGS` alone decides which switches an exact model's blocks have on; the
+    corrected model has none; every switch is the block's own attribute from its __init__."""
+    assert set(EXACT_BUGS[edition]) <= set(BUGS)
+    for exact in (True, False):
+        cfg = EDITIONS[edition].replace(exact_chapter=exact, embedding_size=8, ffn_hidden_size=16,
+                                        num_heads=2, num_layers=2)
+        on = set(EXACT_BUGS[edition]) if exact else set()
+        assert set(cfg.bugs) == on
+        model = d2t.build_model(cfg, V_SRC, V_TGT)
+        dec = model.decoder
+        attentions = [b.attention for b in model.encoder.blks] + [
+            a for b in dec.blks for a in (b.attention_1, b.attention_2)]
+        assert {a.tile_valid_lengths for a in attentions} == {"tile_valid_lengths" in on}
+        assert {b.mask_in_training_only for b in dec.blks} == {"mask_in_training_only" in on}
+        assert dec.restart_positions == ("restart_positions" in on)
+        model.initialize()
+        X, Y, xl, yl = _batch()
+        logits, _ = model(X, Y, xl, yl)
+        assert logits.shape[-1] == (V_SRC if "decoder_vocab_from_source" in on else V_TGT)

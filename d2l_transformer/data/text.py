@@ -78,12 +78,15 @@ def punctuation(edition="0.11"):
     return ",.!" if edition == "0.11" else ",.!?"
 
 
-def preprocess_nmt(text, punctuation=",.!"):
-    """Lower-case, replace non-breaking spaces, and put a space before , . ! (d2l; the later
-    editions also before ?: ``punctuation=",.!?"``)."""
+_CHAPTER_MARKS = punctuation()  # the default of `preprocess_nmt` and `preprocess_fast`
+
+
+def preprocess_nmt(text, marks=_CHAPTER_MARKS):
+    """Lower-case, replace non-breaking spaces, and put a space before each of `marks` (d2l;
+    each edition's are `punctuation`'s, d2l 0.11's by default)."""
 
     def no_space(char, prev_char):
-        return char in set(punctuation) and prev_char != " "
+        return char in set(marks) and prev_char != " "
 
     text = plain_spaces(text).lower()
     out = [" " + char if i > 0 and no_space(char, text[i - 1]) else char
@@ -92,17 +95,17 @@ def preprocess_nmt(text, punctuation=",.!"):
 
 
 @functools.lru_cache(maxsize=None)
-def space_before(punctuation):
-    """The regular expression of `preprocess_fast`: a mark of `punctuation` that follows a
-    non-space (replaced by ``r" \\1"``, a space and the mark)."""
-    return r"(?<=[^ ])([%s])" % re.escape(punctuation)
+def space_before(marks):
+    """The regular expression of `preprocess_fast`: one of `marks` that follows a non-space
+    (replaced by ``r" \\1"``, a space and the mark)."""
+    return r"(?<=[^ ])([%s])" % re.escape(marks)
 
 
-def preprocess_fast(text, punctuation=",.!"):
+def preprocess_fast(text, marks=_CHAPTER_MARKS):
     """`preprocess_nmt` as one regular expression (`space_before`): the same text (all of
     fra.txt is checked in tests/test_data.py), without a Python loop over characters."""
     text = plain_spaces(text).lower()
-    return re.sub(space_before(punctuation), r" \1", text)
+    return re.sub(space_before(marks), r" \1", text)
 
 
 def tokenize_nmt(text, num_examples=None):

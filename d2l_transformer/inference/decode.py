@@ -3,14 +3,15 @@
 from mxnet import np
 
 from ..data import truncate_pad
+from .limits import chapter_only
 from .translator import Translator
 
 
 def chapter_greedy(model, src_tokens, src_vocab, tgt_vocab, num_steps, ctx):
     """The chapter's own loop through the decoder's state, exactly as the book runs it: the
     source cut or padded to `num_steps`, at most `num_steps` tokens, the argmax over the whole
-    vocabulary. Returns the target tokens (no ``<eos>``). The decoding of a model built with
-    ``exact_chapter=True``."""
+    vocabulary. Returns the target tokens (no ``<eos>``). The decoding of a model whose decoder
+    restarts its positions (`limits.chapter_only`)."""
     src_ids = src_vocab[list(src_tokens)]
     enc_valid_length = np.array([len(src_ids)], ctx=ctx)
     enc_X = np.array(truncate_pad(src_ids, num_steps, src_vocab["<pad>"]), ctx=ctx)
@@ -31,14 +32,14 @@ def chapter_greedy(model, src_tokens, src_vocab, tgt_vocab, num_steps, ctx):
 def predict_s2s_ch8(model, src_sentence, src_vocab, tgt_vocab, num_steps, ctx):
     """Greedy decoding of one sentence, at most `num_steps` tokens (d2l 9.3.7): a string.
 
-    The sentence is lower-cased and split on spaces. A model built with ``exact_chapter=True``
-    (or the book's own classes) runs the chapter's loop (`chapter_greedy`). The corrected model
-    is decoded by the `Translator` (the same greedy tokens, from one key/value-cache step
+    The sentence is lower-cased and split on spaces. A model only the chapter's loop decodes
+    (`limits.chapter_only`: an exact run's, or the book's own classes) runs `chapter_greedy`.
+    The corrected model is decoded by the `Translator` (the same greedy tokens, from one key/value-cache step
     graph; the source is never cut), with nothing masked: like the chapter's argmax, it may
     emit any token of the vocabulary.
     """
     tokens = src_sentence.lower().split(" ")
-    if getattr(model.decoder, "exact_chapter", True):
+    if chapter_only(model):
         out = chapter_greedy(model, tokens, src_vocab, tgt_vocab, num_steps, ctx)
     else:
         hyp, = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=num_steps,

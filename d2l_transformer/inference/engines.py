@@ -26,7 +26,14 @@ from ..config import TransformerConfig
 from ..data import Vocab
 from ..data import load_tokenizer as _tokenizer_of
 from .decode import chapter_greedy
-from .limits import BANNED, check_lengths, check_search, decode_limit, require_corrected
+from .limits import (
+    BANNED,
+    chapter_only,
+    check_lengths,
+    check_search,
+    decode_limit,
+    require_corrected,
+)
 from .translator import ALPHA, Hypothesis, Translator, length_penalty
 
 ENGINES = ("mxnet", "ctranslate2")
@@ -68,7 +75,7 @@ class MXNetEngine:
         self.translator = None
         if no_unk:
             require_corrected(cfg, "--no-unk")
-        if not cfg.exact_chapter:
+        if not chapter_only(cfg):
             self.translator = Translator(model, src_vocab, tgt_vocab, ctx, batch_size=batch_size,
                                          **translator_options(cfg, no_unk))
 

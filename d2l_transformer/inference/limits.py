@@ -163,12 +163,21 @@ class ExactChapterError(ValueError):
     """What a model trained with ``--exact-chapter`` (the book's bugs) cannot do; one line."""
 
 
+def chapter_only(model_or_cfg):
+    """Whether only the chapter's own loop (`decode.chapter_greedy`) decodes this model: its
+    decoder restarts the positions at every step (bug 3, ``restart_positions``; every edition's
+    exact run keeps it: `config.EXACT_BUGS`), which the `Translator`'s cached step does not.
+    `model_or_cfg`: a config, a model or its decoder; the book's own classes have no switch
+    and restart."""
+    if hasattr(model_or_cfg, "bugs"):  # a TransformerConfig
+        return "restart_positions" in model_or_cfg.bugs
+    return getattr(getattr(model_or_cfg, "decoder", model_or_cfg), "restart_positions", True)
+
+
 def require_corrected(model_or_cfg, what):
-    """Refuse (ExactChapterError) `what` (e.g. ``"beam search"``) for an exact-chapter model:
-    `model_or_cfg` is its config, or anything with the ``exact_chapter`` attribute (its
-    decoder). The book's decoder tiles the valid lengths across heads and restarts the
-    positions at every step: only the chapter's own loop (`decode.predict_s2s_ch8`) runs it."""
-    if getattr(model_or_cfg, "exact_chapter", False):
+    """Refuse (ExactChapterError) `what` (e.g. ``"beam search"``) for a model only the chapter's
+    loop decodes (`chapter_only`): an exact-chapter model."""
+    if chapter_only(model_or_cfg):
         raise ExactChapterError(f"{what} needs the corrected model; this one was trained with "
                                 "--exact-chapter (the book's bugs)")
 

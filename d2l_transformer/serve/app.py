@@ -148,7 +148,16 @@ def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
                               "API is served at its own paths.")
     app.add_middleware(BodyLimit, max_body=MAX_BODY)
     app.add_middleware(HostCheck, allowed_hosts=list(allowed_hosts))  # outermost
+    _add_error_handlers(app)
+    _add_explorer(app)
+    _add_our_api(app, engine, api_key)
+    _add_libretranslate(app, api_key)
+    return app
 
+
+def _add_error_handlers(app):
+    """Every error as ``{"error": "<one line>"}``: ours (`ApiError`), Starlette's, a request
+    that does not validate (422) and our own bugs (500)."""
     @app.exception_handler(ApiError)
     async def apierror_response(request, e):
         return error_response(e.status, e.message, e.headers)
@@ -165,42 +174,74 @@ def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
     async def requesterror_response(request, e):
         return error_response(422, _validation_message(e))
 
-    def check_key(given):
-        if api_key is None:
-            return
-        if not isinstance(given, str) or not hmac.compare_digest(
-                given.encode("utf-8", "surrogatepass"), api_key.encode("utf-8")):
-            raise ApiError(403, "Invalid API key" if given else "this server needs an api_key")
 
-    def tokens_of(where, text):
-        """The sentence's tokens by the one rule (`inference.limits`); ApiError 413/422."""
-        try:
-            return _limits.sentence_tokens(text, engine.tokenizer, engine.src_vocab,
-                                           engine.max_positions)
-        except _limits.SentenceError as e:
-            raise ApiError(413 if e.too_large else 422, f"{where}: {e}") from None
-
-    async def run(sources, tokens, beam, attention=False, n_best=1):
-        """The engine's result dicts; its refusals as ApiErrors (429, 503, 413)."""
-        try:
-            future = engine.submit(sources, tokens, beam, attention, n_best=n_best)
-        except Busy as e:
-            raise ApiError(429, str(e), {"Retry-After": "1"}) from None
-        except Unavailable as e:
-            raise ApiError(503, str(e)) from None
-        except TooLarge as e:  # attention for these sources, before decoding
-            raise ApiError(413, str(e)) from None
-        try:
-            return await asyncio.wrap_future(future)
-        except TooLarge as e:
-            raise ApiError(413, str(e)) from None
-        except Unavailable as e:
-            raise ApiError(503, str(e)) from None
-
+def _add_explorer(app):
+    """``GET /``: the attention explorer's page."""
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         return HTMLResponse(explorer_page())
 
+
+# ---------------------------------------------------------------------------------- both APIs
+def _check_key(api_key, given):
+    """Nothing when the server has no key or `given` is it; else ApiError 403."""
+    if api_key is None:
+        return
+    if not isinstance(given, str) or not hmac.compare_digest(
+            given.encode("utf-8", "surrogatepass"), api_key.encode("utf-8")):
+        raise ApiError(403, "Invalid API key" if given else "this server needs an api_key")
+
+
+def _tokens_of(engine, where, text):
+    """The sentence's tokens by the one rule (`inference.limits`); ApiError 413/422."""
+    try:
+        return _limits.sentence_tokens(text, engine.tokenizer, engine.src_vocab,
+                                       engine.max_positions)
+    except _limits.SentenceError as e:
+        raise ApiError(413 if e.too_large else 422, f"{where}: {e}") from None
+
+
+async def _run(engine, sources, tokens, beam, attention=False, n_best=1):
+    """The engine's result dicts; its refusals as ApiErrors (429, 503, 413)."""
+    try:
+        future = engine.submit(sources, tokens, beam, attention, n_best=n_best)
+    except Busy as e:
+        raise ApiError(429, str(e), {"Retry-After": "1"}) from None
+    except Unavailable as e:
+        raise ApiError(503, str(e)) from None
+    except TooLarge as e:  # attention for these sources, before decoding
+        raise ApiError(413, str(e)) from None
+    try:
+        return await asyncio.wrap_future(future)
+    except TooLarge as e:
+        raise ApiError(413, str(e)) from None
+    except Unavailable as e:
+        raise ApiError(503, str(e)) from None
+
+
+# ---------------------------------------------------------------------------------- our API
+def _parse(engine, api_key, data):
+    """Our request checked: ``(TranslateRequest, each sentence's tokens)``; ApiError else."""
+    try:
+        req = TranslateRequest.model_validate(data)
+    except ValidationError as e:
+        raise ApiError(422, _validation_message(e)) from None
+    _check_key(api_key, req.api_key)
+    n = len(req.text)
+    if not 1 <= n <= MAX_SENTENCES:
+        raise ApiError(422 if n == 0 else 413,
+                       f"text: {n} sentences; send 1 to {MAX_SENTENCES} per request")
+    return req, [_tokens_of(engine, f"text[{i}]", s) for i, s in enumerate(req.text)]
+
+
+async def _translate_ours(engine, api_key, data):
+    req, tokens = _parse(engine, api_key, data)
+    items = await _run(engine, req.text, tokens, req.beam, req.attention)
+    return JSONResponse({"translations": items, "model": engine.info})
+
+
+def _add_our_api(app, engine, api_key):
+    """``GET /health`` and ``POST /translate`` (which answers LibreTranslate's request too)."""
     @app.get("/health")
     async def health():
         """``status`` "ok", or 503 "unavailable" when the model's worker has stopped."""
@@ -214,102 +255,6 @@ def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
         return {"status": "ok", "model": engine.info, "limits": limits,
                 "pending": engine.pending(), "batches": engine.batches,
                 "sentences": engine.sentences}
-
-    def parse(data):
-        try:
-            req = TranslateRequest.model_validate(data)
-        except ValidationError as e:
-            raise ApiError(422, _validation_message(e)) from None
-        check_key(req.api_key)
-        n = len(req.text)
-        if not 1 <= n <= MAX_SENTENCES:
-            raise ApiError(422 if n == 0 else 413,
-                           f"text: {n} sentences; send 1 to {MAX_SENTENCES} per request")
-        return req, [tokens_of(f"text[{i}]", s) for i, s in enumerate(req.text)]
-
-    async def ours(data):
-        req, tokens = parse(data)
-        items = await run(req.text, tokens, req.beam, req.attention)
-        return JSONResponse({"translations": items, "model": engine.info})
-
-    def libre_fields(data):
-        """LibreTranslate's request fields, checked as LibreTranslate checks them (400)."""
-        if not isinstance(data, dict):
-            raise ApiError(400, "Invalid JSON format")
-        check_key(data.get("api_key"))
-        q = data.get("q")
-        if not q:
-            raise ApiError(400, "Invalid request: missing q parameter")
-        if not (isinstance(q, str) or (isinstance(q, list)
-                                       and all(isinstance(t, str) for t in q))):
-            raise ApiError(400, "Invalid request: q must be a string or a list of strings")
-        for name, value, ok in (("source", data.get("source"), ("en", "auto")),
-                                ("target", data.get("target"), ("fr",))):
-            if not value:
-                raise ApiError(400, f"Invalid request: missing {name} parameter")
-            if not isinstance(value, str) or value.lower() not in ok:
-                shown = _code(value) if isinstance(value, str) else "that language"
-                raise ApiError(400, f"{shown} is not supported as {name}: this server "
-                                    "translates en to fr")
-        text_format = data.get("format") or "text"
-        if text_format == "html":
-            raise ApiError(400, "html format is not supported by this server: send plain text "
-                                "(format=text)")
-        if text_format != "text":
-            raise ApiError(400, f"{_code(str(text_format))} format is not supported")
-        alternatives = data.get("alternatives", 0)
-        if isinstance(alternatives, str) and re.fullmatch(r"\s*-?\d{1,6}\s*", alternatives):
-            alternatives = int(alternatives)
-        if isinstance(alternatives, bool) or not isinstance(alternatives, int):
-            raise ApiError(400, "Invalid request: alternatives parameter is not a number")
-        alternatives = max(0, alternatives)
-        if alternatives > MAX_ALTERNATIVES:
-            raise ApiError(400, "Invalid request: alternatives parameter must be <= "
-                                f"{MAX_ALTERNATIVES}")
-        return q, data["source"].lower() == "auto", alternatives
-
-    async def libre(data):
-        """LibreTranslate's ``/translate``: each line of each text is one sentence; blank
-        lines stay blank."""
-        q, auto, alternatives = libre_fields(data)
-        texts = [q] if isinstance(q, str) else q
-        lines = [text.splitlines() or [""] for text in texts]
-        sources, tokens = [], []
-        for i, text_lines in enumerate(lines):
-            for k, line in enumerate(text_lines):
-                if line.strip():
-                    where = ("q" if isinstance(q, str) else f"q[{i}]") + \
-                        (f" line {k + 1}" if len(text_lines) > 1 else "")
-                    sources.append(line)
-                    tokens.append(tokens_of(where, line))
-                    if len(sources) > MAX_SENTENCES:
-                        raise ApiError(413, f"q: over {MAX_SENTENCES} sentences; send at most "
-                                            f"{MAX_SENTENCES} per request")
-        n_best = alternatives + 1
-        items = iter(await run(sources, tokens, max(BEAM_SIZE, n_best), n_best=n_best)
-                     if sources else [])
-        translated, others = [], []
-        for text_lines in lines:
-            best, alts = [], [[] for _ in range(alternatives)]
-            for line in text_lines:
-                item = next(items) if line.strip() else {"translation": line}
-                best.append(item["translation"])
-                found = item.get("alternatives", [])
-                for a in range(alternatives):
-                    alts[a].append(found[a] if a < len(found) else item["translation"])
-            translated.append("\n".join(best))
-            unique = []
-            for alt in ("\n".join(a) for a in alts):
-                if alt != translated[-1] and alt not in unique:
-                    unique.append(alt)
-            others.append(unique)
-        batch = isinstance(q, list)
-        result = {"translatedText": translated if batch else translated[0]}
-        if auto:
-            result["detectedLanguage"] = [DETECTED] * len(texts) if batch else DETECTED
-        if alternatives:
-            result["alternatives"] = others if batch else others[0]
-        return JSONResponse(result)
 
     @app.post("/translate", response_model=TranslateResponse,
               responses={400: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
@@ -327,9 +272,108 @@ def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
         kind, data = read_body(request.headers.get("content-type"), await request.body())
         if kind == "form" or (isinstance(data, dict) and "text" not in data
                               and any(k in data for k in LIBRE_FIELDS)):
-            return await libre(data)
-        return await ours(data)
+            return await _translate_libre(engine, api_key, data)
+        return await _translate_ours(engine, api_key, data)
 
+
+# ----------------------------------------------------------------------------- LibreTranslate's API
+def _libre_fields(api_key, data):
+    """LibreTranslate's request fields, checked as LibreTranslate checks them (400)."""
+    if not isinstance(data, dict):
+        raise ApiError(400, "Invalid JSON format")
+    _check_key(api_key, data.get("api_key"))
+    q = data.get("q")
+    if not q:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    if not (isinstance(q, str) or (isinstance(q, list)
+                                   and all(isinstance(t, str) for t in q))):
+        raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+    for name, value, ok in (("source", data.get("source"), ("en", "auto")),
+                            ("target", data.get("target"), ("fr",))):
+        if not value:
+            raise ApiError(400, f"Invalid request: missing {name} parameter")
+        if not isinstance(value, str) or value.lower() not in ok:
+            shown = _code(value) if isinstance(value, str) else "that language"
+            raise ApiError(400, f"{shown} is not supported as {name}: this server "
+                                "translates en to fr")
+    text_format = data.get("format") or "text"
+    if text_format == "html":
+        raise ApiError(400, "html format is not supported by this server: send plain text "
+                            "(format=text)")
+    if text_format != "text":
+        raise ApiError(400, f"{_code(str(text_format))} format is not supported")
+    alternatives = data.get("alternatives", 0)
+    if isinstance(alternatives, str) and re.fullmatch(r"\s*-?\d{1,6}\s*", alternatives):
+        alternatives = int(alternatives)
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int):
+        raise ApiError(400, "Invalid request: alternatives parameter is not a number")
+    alternatives = max(0, alternatives)
+    if alternatives > MAX_ALTERNATIVES:
+        raise ApiError(400, "Invalid request: alternatives parameter must be <= "
+                            f"{MAX_ALTERNATIVES}")
+    return q, data["source"].lower() == "auto", alternatives
+
+
+def _libre_sentences(engine, q, lines):
+    """The non-blank lines of `lines` (each text's lines) and their tokens; ApiError 413/422."""
+    sources, tokens = [], []
+    for i, text_lines in enumerate(lines):
+        for k, line in enumerate(text_lines):
+            if line.strip():
+                where = ("q" if isinstance(q, str) else f"q[{i}]") + \
+                    (f" line {k + 1}" if len(text_lines) > 1 else "")
+                sources.append(line)
+                tokens.append(_tokens_of(engine, where, line))
+                if len(sources) > MAX_SENTENCES:
+                    raise ApiError(413, f"q: over {MAX_SENTENCES} sentences; send at most "
+                                        f"{MAX_SENTENCES} per request")
+    return sources, tokens
+
+
+def _libre_texts(lines, items, alternatives):
+    """Each text's translation, and its distinct alternatives, from the engine's `items` (an
+    iterator over the non-blank lines' results); blank lines stay blank."""
+    translated, others = [], []
+    for text_lines in lines:
+        best, alts = [], [[] for _ in range(alternatives)]
+        for line in text_lines:
+            item = next(items) if line.strip() else {"translation": line}
+            best.append(item["translation"])
+            found = item.get("alternatives", [])
+            for a in range(alternatives):
+                alts[a].append(found[a] if a < len(found) else item["translation"])
+        translated.append("\n".join(best))
+        unique = []
+        for alt in ("\n".join(a) for a in alts):
+            if alt != translated[-1] and alt not in unique:
+                unique.append(alt)
+        others.append(unique)
+    return translated, others
+
+
+async def _translate_libre(engine, api_key, data):
+    """LibreTranslate's ``/translate``: each line of each text is one sentence; blank
+    lines stay blank."""
+    q, auto, alternatives = _libre_fields(api_key, data)
+    texts = [q] if isinstance(q, str) else q
+    lines = [text.splitlines() or [""] for text in texts]
+    sources, tokens = _libre_sentences(engine, q, lines)
+    n_best = alternatives + 1
+    items = iter(await _run(engine, sources, tokens, max(BEAM_SIZE, n_best), n_best=n_best)
+                 if sources else [])
+    translated, others = _libre_texts(lines, items, alternatives)
+    batch = isinstance(q, list)
+    result = {"translatedText": translated if batch else translated[0]}
+    if auto:
+        result["detectedLanguage"] = [DETECTED] * len(texts) if batch else DETECTED
+    if alternatives:
+        result["alternatives"] = others if batch else others[0]
+    return JSONResponse(result)
+
+
+def _add_libretranslate(app, api_key):
+    """LibreTranslate's ``GET /languages`` and ``POST /detect`` (its ``/translate`` is ours,
+    told apart by its body)."""
     @app.get("/languages")
     async def languages():
         """LibreTranslate's ``/languages``: English, translated to French."""
@@ -342,9 +386,7 @@ def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
         _, data = read_body(request.headers.get("content-type"), await request.body())
         if not isinstance(data, dict):
             raise ApiError(400, "Invalid JSON format")
-        check_key(data.get("api_key"))
+        _check_key(api_key, data.get("api_key"))
         if not data.get("q"):
             raise ApiError(400, "Invalid request: missing q parameter")
         return [DETECTED]
-
-    return app

@@ -55,7 +55,7 @@ class FusedMultiHeadAttention(MultiHeadAttention):
 
     def hybrid_forward(self, F, query, key, value, valid_length=None):
         rate = self.attention.dropout._rate
-        if not _kernels_on(F) or self.exact_chapter or valid_length is None \
+        if not _kernels_on(F) or self.tile_valid_lengths or valid_length is None \
                 or not 0 <= rate < 1:
             return super().hybrid_forward(F, query, key, value, valid_length)
         output = kernels.attention(F, self.W_q(query), self.W_k(key), self.W_v(value),

@@ -11,7 +11,7 @@ from mxnet import autograd, init
 from .. import kernels
 from ..distributed.kvstore import GlobalSum, is_distributed
 from .loss import MaskedSoftmaxCELoss, step_size
-from .optim import grad_clipping, make_trainer
+from .optim import clip_threshold, grad_clipping, make_trainer
 from .steps import _fast_step, _parallel_step
 
 
@@ -36,6 +36,21 @@ def set_rng_state(state):
     onp.random.set_state((kind, onp.array(keys, dtype=onp.uint32), pos, has_gauss, cached))
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
+
+
+def data_parallel(ctxs, kvstore):
+    """Whether batches train on `_parallel_step`: several devices, or a dist kvstore's workers."""
+    return len(ctxs) > 1 or is_distributed(kvstore)
+
+
+def check_one_device(reduction, ctxs, kvstore):
+    """A mean loss needs one device: d2l 1.0's ``reduction="mean"`` (each batch's one mean,
+    ``trainer.step(1)``) raises ValueError on `data_parallel` devices, where each device's part
+    of a batch would be its own mean."""
+    if reduction == "mean" and data_parallel(ctxs, kvstore):
+        raise ValueError("d2l 1.0's loss (reduction='mean', each batch's mean: the exact 1.0 "
+                         "run's) trains on one device, as d2l 1.0's code does: on several, each "
+                         "device's part of a batch would be its own mean")
 
 
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
@@ -98,10 +113,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     loss = loss or MaskedSoftmaxCELoss()
     per_width = getattr(loss, "reduction", "book") == "book"  # the book's mean over positions
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
-    parallel = len(ctxs) > 1 or is_distributed(kvstore)
-    if parallel and getattr(loss, "reduction", None) == "mean":
-        raise ValueError("a loss with reduction='mean' (d2l 1.0's) trains on one device: each "
-                         "device's part would be its own mean")
+    parallel = data_parallel(ctxs, kvstore)
+    check_one_device(getattr(loss, "reduction", None), ctxs, kvstore)
     if parallel:
         step = _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
                               clip_per_token)
@@ -114,7 +127,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
                 l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
             l.backward()
             num_tokens = step_size(loss, Y_vlen)
-            grad_clipping(model, float(num_tokens) if clip_per_token else 1)
+            grad_clipping(model, clip_threshold(float(num_tokens), clip_per_token))
             trainer.step(num_tokens)
             return float(l.sum()), float(num_tokens)
     history = []

@@ -6,6 +6,17 @@ import math
 import mxnet as mx
 from mxnet import gluon
 
+CLIP_THETA = 1  # the chapter's threshold: ``grad_clipping(model, 1)`` (9.3.7)
+
+
+def clip_threshold(num_tokens, per_token=False, theta=CLIP_THETA):
+    """The global-norm limit on the gradient of the SUMMED loss, for all three clips
+    (`grad_clipping`, `clip_global`, `ClipAdam`): the chapter's ``theta``; with ``per_token``
+    (``clip_per_token``, not in the chapter) ``theta`` on the gradient of the MEAN loss per
+    token, as fairseq's and PyTorch's recipes clip, i.e. ``theta * num_tokens`` on the sum's.
+    ``num_tokens``: a host number, or a device array (the limit is then one too)."""
+    return theta * num_tokens if per_token else theta
+
 
 def clip_global(params, theta, ctxs=None):
     """Scale the gradients of `params` to global L2 norm at most theta on each device of `ctxs`
@@ -82,16 +93,16 @@ class ClipAdam:
                 and not getattr(trainer, "_amp_loss_scaler", None))
 
     def rescale(self, num_tokens, grads=None):
-        """(1,): min(1, theta / global norm) / num_tokens, computed on the gradients' device;
-        NaN when the global norm is not finite (the update is then skipped). ``per_token``:
-        min(1, theta / (global norm / num_tokens)) / num_tokens, the clip of the mean's
-        gradient."""
+        """(1,): min(1, limit / global norm) / num_tokens, computed on the gradients' device,
+        the limit `clip_threshold`'s (``theta``, or ``theta * num_tokens`` with ``per_token``:
+        the clip of the mean's gradient); NaN when the global norm is not finite (the update
+        is then skipped)."""
         grads = grads or self.devices[0][2]
         sum_sq = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))  # (num_params,)
         norm = mx.nd.sqrt(mx.nd.sum(sum_sq))  # (1,)
         if not isinstance(num_tokens, (int, float)):
             num_tokens = num_tokens.as_nd_ndarray().astype("float32").reshape((1,))
-        limit = self.theta * num_tokens if self.per_token else self.theta
+        limit = clip_threshold(num_tokens, self.per_token, self.theta)
         coef = mx.nd.minimum(limit / norm, 1.0)  # limit / norm only if norm > limit
         if self.trainer._scale != 1:  # the Trainer's own rescale_grad, as trainer.step uses it
             coef = coef * self.trainer._scale

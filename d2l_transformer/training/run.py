@@ -23,9 +23,10 @@ from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..evaluate import bleu
 from ..inference.decode import chapter_greedy, predict_s2s_ch8, predict_step
 from ..inference.engines import translator_options
+from ..inference.limits import chapter_only
 from ..inference.translator import Translator
 from ..io import lock
-from .loop import rng_state, set_rng_state, set_seed, train_s2s_ch8
+from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
 from .progress import ProgressBar
@@ -121,7 +122,7 @@ def edition_translations(model, src_vocab, tgt_vocab, cfg, ctx):
     greedy, nothing masked."""
     references = EDITIONS[cfg.edition]["references"]
     sources = [s.split(" ") + ["<eos>"] for s in references]
-    if not cfg.exact_chapter:
+    if not chapter_only(cfg):
         translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
                                 max_length=cfg.num_steps, suppress=False)
         outs = [hyp.tokens for hyp in translator.translate(sources)]
@@ -189,10 +190,11 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         raise RunError(f"batch size {cfg.batch_size} is too small for {num_workers} workers "
                        f"x {len(ctxs)} devices")
     # exact 1.0: d2l 1.0's loss, the mean over every position of a batch, on one device
-    book_loss = cfg.exact_chapter and cfg.edition == "1.0"
-    if book_loss and (len(ctxs) > 1 or num_workers > 1):
-        raise RunError("the exact 1.0 run trains on one device, as d2l 1.0's code does (its "
-                       "loss is each batch's mean)")
+    reduction = "mean" if "loss_over_padding" in cfg.bugs else cfg.loss_reduction
+    try:
+        check_one_device(reduction, ctxs, kvstore)
+    except ValueError as e:
+        raise RunError(str(e)) from None
     writer = rank == 0 and out_dir is not None  # only rank 0 writes the model directory
     with contextlib.ExitStack() as held:
         if writer:  # one writer per model directory, from before anything is written
@@ -319,8 +321,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         bar = ProgressBar(cfg.num_epochs, len(train_iter), start_epoch) if progress else None
         # exact 0.17 and 1.0 draw their dropout from the one stream seeded once, as their code
         # does (a resumed run then differs)
-        train_loss = MaskedSoftmaxCELoss(cfg.label_smoothing,
-                                         reduction="mean" if book_loss else cfg.loss_reduction)
+        train_loss = MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=reduction)
         reseed = not (cfg.exact_chapter and cfg.edition != "0.11")
         try:
             result = train_s2s_ch8(

@@ -6,7 +6,7 @@ from mxnet import autograd, gluon
 from .. import _graphs, kernels
 from . import fused
 from .loss import MaskedSoftmaxCELoss, step_size
-from .optim import ClipAdam, clip_global
+from .optim import CLIP_THETA, ClipAdam, clip_global, clip_threshold
 
 
 class TrainGraph(gluon.HybridBlock):
@@ -54,12 +54,12 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
         l.backward()
         num_tokens = step_size(loss, Y_vlen)
         if not update:
-            update.append(ClipAdam(trainer, params, 1, per_token=clip_per_token)
+            update.append(ClipAdam(trainer, params, CLIP_THETA, per_token=clip_per_token)
                           if ClipAdam.supports(trainer) else None)
         if update[0] is not None:
             update[0](num_tokens)
         else:
-            clip_global(params, float(num_tokens) if clip_per_token else 1)  # a sync if so
+            clip_global(params, float(clip_threshold(num_tokens, clip_per_token)))  # per token: a sync
             trainer.step(num_tokens)
         return l.sum(), num_tokens  # stay on the device
 
@@ -103,13 +103,13 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         trainer.allreduce_grads()  # every device now holds the sum over devices and workers
         num_tokens = float(Y_vlen.sum())
         if not update:  # fused clip + Adam on every device (`ClipAdam`) when it applies
-            update.append(ClipAdam(trainer, params, 1, ctxs, per_token=clip_per_token)
+            update.append(ClipAdam(trainer, params, CLIP_THETA, ctxs, per_token=clip_per_token)
                           if fast and ClipAdam.supports(trainer) else None)
         total = global_tokens(num_tokens)[0]
         if update[0] is not None:
             update[0](total)
         else:
-            clip_global(params, total if clip_per_token else 1, ctxs)
+            clip_global(params, clip_threshold(total, clip_per_token), ctxs)
             trainer.update(total)
         return sum(float(l.sum()) for l in losses), num_tokens
 

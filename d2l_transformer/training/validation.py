@@ -14,10 +14,10 @@ import mxnet as mx
 import numpy as onp
 from mxnet import np
 
-from ..contrib.averaging import average_arrays
 from ..data import build_array
 from ..evaluate import translate_and_score
 from ..inference.engines import MXNetEngine
+from .averaging import average_arrays
 from .loss import MaskedSoftmaxCELoss
 
 
@@ -45,16 +45,12 @@ class Validator:
         self.loss = MaskedSoftmaxCELoss(reduction="token")  # summed over the real tokens
 
     def valid_loss(self):
-        """Cross-entropy per target token of the subset, in batches of ``cfg.batch_size``."""
-        total, tokens = 0.0, 0.0
+        """Cross-entropy per target token of the subset (`validation_loss`), in batches of
+        ``cfg.batch_size``."""
         size = self.cfg.batch_size
-        for i in range(0, len(self.sources), size):
-            X, X_vlen, Y, Y_vlen = [np.array(a[i:i + size], ctx=self.ctx) for a in self.arrays]
-            Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1  # as the training loop
-            Y_hat, _ = self.model(X, Y_input, X_vlen, Y_vlen)  # (batch, num_steps - 1, vocab)
-            total += float(self.loss(Y_hat, Y_label, Y_vlen).sum())
-            tokens += float(Y_vlen.sum())
-        return total / max(tokens, 1.0)
+        batches = ([np.array(a[i:i + size], ctx=self.ctx) for a in self.arrays]
+                   for i in range(0, len(self.sources), size))
+        return validation_loss(self.model, batches, self.loss, self.ctx)
 
     def __call__(self):
         loss = self.valid_loss()
@@ -124,7 +120,7 @@ class LastParameters:
         return [e for e, _ in self.kept]
 
     def average(self):
-        """``{name: mean NDArray}`` of the kept epochs (`contrib.averaging.average_arrays`)."""
+        """``{name: mean NDArray}`` of the kept epochs (`averaging.average_arrays`)."""
         return average_arrays([p for _, p in self.kept])
 
     def swapped_in(self, arrays):
@@ -150,15 +146,17 @@ class _Swap:
         return False
 
 
-def validation_loss(model, valid_iter, loss, ctx):
-    """d2l 1.0's validation: the batches' loss outside ``autograd.record`` (no dropout; in
-    exact mode the chapter's decoder then drops its causal mask, as the book's does), averaged
-    as the loss reduces: the mean of the batch means (``"mean"``: what the book plots), else
-    per target token."""
+def validation_loss(model, batches, loss, ctx):
+    """The one validation loss (d2l 1.0's validation; `Validator.valid_loss`): the batches'
+    ``(X, X_vlen, Y, Y_vlen)`` loss outside ``autograd.record`` (no dropout; in exact mode the
+    chapter's decoder then drops its causal mask, as the book's does), averaged as the loss
+    reduces: the mean of the batch means (``"mean"``: what d2l 1.0 plots), else per target
+    token."""
     total, count = 0.0, 0.0
-    for batch in valid_iter:
+    for batch in batches:
         X, X_vlen, Y, Y_vlen = [x.as_in_context(ctx) for x in batch]
-        Y_hat, _ = model(X, Y[:, :-1], X_vlen)  # Y[:, :-1]: <bos> and the target, teacher forced
-        total += float(loss(Y_hat, Y[:, 1:], Y_vlen - 1).sum())
-        count += 1 if loss.reduction == "mean" else float((Y_vlen - 1).sum())
-    return total / count
+        Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1  # as the training loop
+        Y_hat, _ = model(X, Y_input, X_vlen)  # <bos> and the target, teacher forced
+        total += float(loss(Y_hat, Y_label, Y_vlen).sum())
+        count += 1 if loss.reduction == "mean" else float(Y_vlen.sum())
+    return total / max(count, 1.0)
