@@ -1,6 +1,7 @@
 """d2l_transformer: the Transformer of d2l 9.3 (MXNet numpy mode), as installable software.
 
-The public names, in the chapter's order.
+The public names: the chapter's blocks, data pipeline, loop and prediction, and the package's
+configs and translator, grouped by the module that holds them.
 """
 
 # _compat first: NumPy's removed aliases, before anything imports mxnet

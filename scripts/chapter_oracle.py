@@ -6,7 +6,7 @@
 `d2l.predict_s2s_ch9`. 0.17 (the classic edition, 10.7) and 1.0 (11.7): the section's classes and
 its training and prediction cells verbatim (oracles/chapter_0_17.py, oracles/chapter_1_0.py), run
 as a notebook runs them on that release's `d2l` (0.17.6, 1.0.3: `make venv` unpacks each into
-VENV/oracles/d2l-VERSION, put first on sys.path here), with only the epochs and the device taken
+VENV/oracles/d2l-VERSION, imported from there here), with only the epochs and the device taken
 from the command line. Every random stream is seeded once, before the training cell
 (`mx.random.seed`, `random.seed`, `numpy.random.seed`). Writes OUT/summary.json in the format of
 scripts/train_chapter.py's, with the loss of every epoch (1.0: the training and the validation
@@ -28,6 +28,7 @@ installed."""
 import argparse
 import ast
 import contextlib
+import importlib.machinery
 import importlib.util
 import io
 import json
@@ -73,6 +74,23 @@ def _ground_floor(name):
     return module
 
 
+def _import_from(folder, name):
+    """``import NAME`` found in FOLDER alone (oracles/, or a d2l release unpacked there by pip
+    --target), without putting FOLDER on sys.path: registered in sys.modules under NAME, so
+    what imports NAME after it (an oracle's ``from d2l import mxnet as d2l``) gets this one, and
+    a package's submodules are found in its own folder."""
+    spec = importlib.machinery.PathFinder.find_spec(name, [folder])
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named {name!r} in {folder}", name=name)
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _before_mxnet():
     """The NumPy-alias shim, one OpenMP thread unless set, and the CPU math pinned as
     d2l_transformer pins it (`_cpu_math`): what its runs get. Returns the `_cpu_math` module."""
@@ -106,8 +124,7 @@ def run(args):
         return 2
     import mxnet as mx
     import numpy
-    sys.path.insert(0, os.path.join(ROOT, "oracles"))
-    import chapter_0_11 as book
+    book = _import_from(os.path.join(ROOT, "oracles"), "chapter_0_11")
 
     tmp = tempfile.mkdtemp(prefix="chapter-oracle-")
     zip_copy = os.path.join(tmp, "fra-eng.zip")
@@ -220,9 +237,8 @@ def run_edition(args):
         print("error: d2l 1.0's Trainer trains on gpu(0) only", file=sys.stderr)
         return 2
     cpu_math = _before_mxnet()
-    sys.path[:0] = [library, os.path.join(ROOT, "oracles")]  # this d2l before any other
     try:
-        import d2l
+        d2l = _import_from(library, "d2l")  # this d2l, not the installed 0.11.4
         from d2l import mxnet as d2l_module
     except Exception as e:  # e.g. a module it needs is missing on this Python
         print(f"error: d2l {version} does not import here ({type(e).__name__}: {e})",
@@ -233,7 +249,7 @@ def run_edition(args):
         return 2
     import mxnet as mx
     import numpy
-    book = importlib.import_module(module)
+    book = _import_from(os.path.join(ROOT, "oracles"), module)
 
     out = os.path.abspath(args.out) if args.out else None
     tmp = tempfile.mkdtemp(prefix="chapter-oracle-")

@@ -11,11 +11,8 @@ each)."""
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from d2l_transformer.viz.png import plot_validation, validation_curve  # noqa: E402
+from d2l_transformer.viz.png import plot_validation, validation_curve
 
 
 def main(argv=None):

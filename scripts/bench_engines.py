@@ -1,0 +1,207 @@
+"""Rows (i) and (k) of scripts/bench.py: the package's translator against CTranslate2 on the
+model and sentences of (f) (bench_decoding.py). (i) each engine in a process of its own
+(``bench.py --engine-worker SPEC``), one engine at a time; (k) the ``--engine ctranslate2``
+engine against CTranslate2's own ``translate_batch``, in one process. Each measures all its
+rows at once and keeps them in a JSON file beside the params, which the rows after it read."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench_common import BENCH, own_peak_rss_mb
+from bench_decoding import translation_setup
+
+ENGINE_MARK = "@engine "  # (i): the prefix of an engine process's answers on its stdout
+
+
+def engine_worker(spec_path):
+    """(i) one engine in a process of its own (``bench.py --engine-worker SPEC``): load it,
+    translate the first batch (warm-up: graphs, memory plans), then for each ``run`` line on
+    stdin time one call over all the sentences, which each engine sorts by length and cuts into
+    batches (as `translate` on a file does), and answer ``seconds, translations, peak RSS`` as
+    one JSON line. The parent runs one engine at a time, so no other engine's threads are ever
+    awake beside the one being timed. SPEC: a JSON file (`ct2_rounds`)."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    engine, beam, batch, sentences = spec["engine"], spec["beam"], spec["batch"], spec["sentences"]
+    if engine == "ours":  # OpenMP threads: the translator's choice, at most --threads (ROW_ENV)
+        # the package first: it configures MXNet's threads
+        from d2l_transformer.inference.engines import translator_options  # noqa: I001
+        from d2l_transformer.inference.translator import Translator
+        from d2l_transformer import checkpoint
+        import mxnet as mx
+        model, src_vocab, tgt_vocab, cfg, _ = checkpoint.load(spec["model_dir"], mx.cpu())
+        translator = Translator(model, src_vocab, tgt_vocab, mx.cpu(), max_length=spec["length"],
+                                batch_size=batch, **translator_options(cfg))  # as the CLI
+
+        def decode(part):
+            return [h.tokens for h in translator.translate(part, beam_size=beam, alpha=0.0)]
+    else:
+        import ctranslate2
+        translator = ctranslate2.Translator(spec["model_dir"], device="cpu",
+                                            intra_threads=spec["threads"], inter_threads=1)
+
+        def decode(part):  # CTranslate2 too sorts by length, then batches
+            return [r.hypotheses[0] for r in translator.translate_batch(
+                part, max_batch_size=batch, **spec["options"])]
+    decode(sentences[:batch])
+    print(ENGINE_MARK + json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        tic = time.perf_counter()
+        out = decode(sentences)
+        print(ENGINE_MARK + json.dumps([time.perf_counter() - tic, out, own_peak_rss_mb()]),
+              flush=True)
+    return 0
+
+
+def _engine_answer(name, proc):
+    """The next answer of an engine process (other lines of its stdout are passed over)."""
+    for line in proc.stdout:
+        if line.startswith(ENGINE_MARK):
+            return json.loads(line[len(ENGINE_MARK):])
+    raise RuntimeError(f"the {name} engine stopped (exit status {proc.wait()})")
+
+
+def ct2_rounds(s, beam, repeats, threads):
+    """(i) sentences/s of the translator and of CTranslate2 float32 and int8 on the same model
+    and sentences, `repeats` rounds; in each round every engine translates all the sentences in
+    turn, each in a process of its own (`engine_worker`), the others idle; medians over the
+    rounds. One process for all three, alternating batch by batch, measured the engines' idle
+    thread pools instead: there CTranslate2 float32 beam 4 ran at ~290 sentences/s beside an
+    idle int8 translator and at ~750-950 alone (docs/benchmarks.md)."""
+    import mxnet as mx
+
+    from d2l_transformer import checkpoint
+    from d2l_transformer.inference.engines import translator_options
+    from d2l_transformer.inference.export import export
+    from d2l_transformer.inference.export.ctranslate2 import decoding_options
+    model, src_vocab, tgt_vocab, cfg, sentences = translation_setup(s)
+    sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
+    length, batch = s["translate_length"], 64
+    X = mx.np.ones((1, 2))  # (batch, seq_len): the deferred shapes, before saving
+    model(X, X, mx.np.array([2]))
+    engines = ("ours", "float32", "int8")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = translation_setup.model_dir or checkpoint.save(
+            os.path.join(tmp, "model"), model, src_vocab, tgt_vocab, cfg,
+            tokenizer=translation_setup.tokenizer)
+        options = {**decoding_options(cfg, 0), "beam_size": beam, "max_decoding_length": length,
+                   "disable_unk": translator_options(cfg)["no_unk"]}  # <unk> as the translator's
+        workers = {}
+        try:
+            for name in engines:
+                if name != "ours":
+                    export(model_dir, os.path.join(tmp, name), format="ctranslate2",
+                           quantization=None if name == "float32" else name)
+                spec = os.path.join(tmp, f"{name}.json")
+                with open(spec, "w") as f:
+                    json.dump({"engine": name, "beam": beam, "batch": batch, "length": length,
+                               "threads": threads, "options": options, "sentences": sentences,
+                               "model_dir": model_dir if name == "ours"
+                               else os.path.join(tmp, name)}, f)
+                workers[name] = subprocess.Popen(
+                    [sys.executable, BENCH, "--engine-worker", spec],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                _engine_answer(name, workers[name])  # loaded and warmed up
+            rounds, tokens, rss = [], {}, {}
+            for _ in range(repeats):
+                seconds = {}
+                for name, proc in workers.items():
+                    time.sleep(0.5)  # the engine before has gone idle
+                    proc.stdin.write("run\n")
+                    proc.stdin.flush()
+                    seconds[name], tokens[name], rss[name] = _engine_answer(name, proc)
+                rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
+        finally:
+            for proc in workers.values():
+                proc.stdin.close()  # its loop ends
+                proc.wait(timeout=60)
+    return {"values": {name: statistics.median(r[name] for r in rounds) for name in engines},
+            "rounds": rounds, "sentences": len(sentences), "beam": beam, "max_length": length,
+            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
+            "same_as_ours": {q: sum(a == b for a, b in zip(tokens["ours"], tokens[q]))
+                             for q in engines[1:]},
+            "threads": threads, "processes": "one per engine, one engine at a time",
+            "engine_peak_rss_mb": rss}  # each engine's process
+
+
+def ct2_row(s, key, params_path, repeats, threads):
+    """(i) one engine of `ct2_rounds`, measured once for the three (kept beside the params)."""
+    beam = 4 if key.endswith("beam4") else 1
+    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()), f"ct2_beam{beam}.json")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(ct2_rounds(s, beam, repeats, threads), f)
+    with open(path) as f:
+        result = json.load(f)
+    engine = key.split("_")[1]
+    return result["values"][engine], {**{k: v for k, v in result.items() if k != "values"},
+                                      "peak_rss_mb": result["engine_peak_rss_mb"][engine]}
+
+
+def engine_rounds(s, beam, repeats):
+    """(k) sentences/s of the ctranslate2 engine (`inference.engines`) and of ``translate_batch``
+    on its own CTranslate2 translator, `repeats` interleaved rounds (which goes first
+    alternates), medians."""
+    import shutil
+
+    import mxnet as mx
+
+    from d2l_transformer import checkpoint
+    from d2l_transformer.inference.engines import open_engine
+    from d2l_transformer.inference.limits import BANNED, decode_limit
+    from d2l_transformer.inference.translator import ALPHA
+    model, src_vocab, tgt_vocab, cfg, sentences = translation_setup(s)
+    sentences = list({tuple(t): list(t) for t in sentences}.values())  # distinct sources
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")  # a copy: the export is kept beside it
+        if translation_setup.model_dir:
+            shutil.copytree(os.path.realpath(translation_setup.model_dir), model_dir)
+        else:
+            X = mx.np.ones((1, 2))  # (batch, seq_len): the deferred shapes, before saving
+            model(X, X, mx.np.array([2]))
+            checkpoint.save(model_dir, model, src_vocab, tgt_vocab, cfg,
+                            tokenizer=translation_setup.tokenizer)
+        engine = open_engine(model_dir, "ctranslate2")  # the CLI's engine: exports here
+        limit = max(decode_limit(cfg.num_steps, len(t), engine.max_positions) for t in sentences)
+        options = {"beam_size": beam, "max_batch_size": 64, "max_decoding_length": limit,
+                   "min_decoding_length": 0, "max_input_length": 0, "length_penalty": ALPHA,
+                   "return_scores": True,
+                   "disable_unk": engine.no_unk, "suppress_sequences": [[t] for t in BANNED]}
+        runs = {"ct2": lambda: [h.tokens for h in engine.translate(sentences, beam)],
+                "raw": lambda: [r.hypotheses[0] for r in
+                                engine.translator.translate_batch(sentences, **options)]}
+        for run in runs.values():
+            run()  # warm-up
+        rounds, tokens = [], {}
+        for r in range(repeats):
+            seconds = {}
+            for name in (("ct2", "raw") if r % 2 == 0 else ("raw", "ct2")):
+                tic = time.perf_counter()
+                tokens[name] = runs[name]()
+                seconds[name] = time.perf_counter() - tic
+            rounds.append({name: len(sentences) / sec for name, sec in seconds.items()})
+    return {"values": {k: statistics.median(r[k] for r in rounds) for k in runs},
+            "rounds": rounds, "sentences": len(sentences), "beam": beam,
+            "ratio_rounds": [r["ct2"] / r["raw"] for r in rounds],
+            "mean_tokens": {k: statistics.mean(len(t) for t in v) for k, v in tokens.items()},
+            "same_tokens": sum(a == b for a, b in zip(tokens["ct2"], tokens["raw"]))}
+
+
+def engine_row(s, key, params_path, repeats):
+    """(k) one of `engine_rounds`' two figures, measured once for both."""
+    beam = 4 if key.endswith("beam4") else 1
+    path = os.path.join(os.path.dirname(params_path or tempfile.mkdtemp()),
+                        f"engine_beam{beam}.json")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(engine_rounds(s, beam, repeats), f)
+    with open(path) as f:
+        result = json.load(f)
+    return result["values"][key.split("_")[1]], {k: v for k, v in result.items() if k != "values"}

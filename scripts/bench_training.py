@@ -1,0 +1,174 @@
+"""Rows (a) and (h) of scripts/bench.py: training tokens/s. (a) at the chapter's sizes: the
+chapter's own code on d2l 0.11.4, the faithful and the fast path, the two baselines
+(scripts/baselines.py); (e)'s rows train through `train_row` too. (h) the `full` preset on a
+cached slice of its real batches. Each function returns ``(value, extra figures)``."""
+
+import importlib.util
+import os
+import sys
+import time
+
+from bench_common import ROOT, chapter_data
+
+
+def train_row(s, fast, params_path, ctx=None, kvstore=None):
+    """Tokens/s over epochs 2.. (epoch 1 is warm-up: graph building, deferred init).
+
+    ``ctx`` a list: data parallel over those devices; ``kvstore`` dist: this worker's shard of
+    the data (half the batch each for 2 workers: the same global batch), global tokens/s."""
+    import mxnet as mx
+
+    import d2l_transformer as d2t
+    from d2l_transformer.distributed.kvstore import GlobalSum
+    cfg = s["cfg"]
+    rank, num_workers = d2t.worker_info(kvstore)
+    if num_workers > 1:
+        src_vocab, tgt_vocab, it = d2t.load_data_nmt(cfg.batch_size // num_workers, cfg.num_steps,
+                                                     cfg.num_examples, rank=rank,
+                                                     num_workers=num_workers, fast_loader=fast)
+    else:
+        src_vocab, tgt_vocab, it = chapter_data(cfg, fast)  # the same batches either way
+    tokens_per_epoch = sum(float((batch[3] - 1).sum()) for batch in it)  # Y_valid_len - 1
+    tokens_per_epoch = GlobalSum(kvstore, 1)(tokens_per_epoch)[0]  # all workers' shards
+    d2t.set_seed(0)  # both paths: the same initial weights and batches
+    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+    stamps = []
+    summary = d2t.train_s2s_ch8(model, it, cfg.lr, s["epochs"], ctx or mx.cpu(), fast=fast,
+                                kvstore=kvstore,
+                                on_epoch=lambda epoch, loss: stamps.append(time.time()))
+    if fast and ctx is None and kvstore is None and params_path:
+        model.save_parameters(params_path)
+    rate = tokens_per_epoch * (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    return rate, {"loss": summary["loss"], "epochs_timed": len(stamps) - 1}
+
+
+def _full_slice(s, cache_dir):
+    """(h): ``(src vocabulary size, tgt vocabulary size, batches)``, the first `full_batches`
+    batches of the `full` preset's bucketed loader (seed 0) as NumPy arrays; built once per
+    benchmark run (tokenizer training and bucketing take a minute) and kept in `cache_dir`."""
+    import pickle
+
+    import d2l_transformer as d2t
+    from d2l_transformer.training.run import load_data
+    cfg = s["full_cfg"]
+    path = os.path.join(cache_dir, f"full_slice_{s['full_batches']}.pkl")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    d2t.set_seed(0)
+    src_vocab, tgt_vocab, it, _, _ = load_data(cfg, cfg.batch_size)
+    batches = [[a.asnumpy() for a in batch] for _, batch in zip(range(s["full_batches"]), it)]
+    out = (len(src_vocab), len(tgt_vocab), batches)
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(out, f)
+    os.replace(path + ".tmp", path)
+    return out
+
+
+def full_train_row(s, fast, cache_dir):
+    """(h) target tokens/s of `train_s2s_ch8` on the `full` preset's slice (`_full_slice`),
+    its model, trainer (Adam, warmup) and loss (label smoothing, per-token), imperative
+    (``fast=False``) or fast; every pass over the slice after the first is timed."""
+    import mxnet as mx
+    from mxnet import init
+
+    import d2l_transformer as d2t
+    from d2l_transformer import _cpu_math
+    from d2l_transformer.training.loss import MaskedSoftmaxCELoss
+    from d2l_transformer.training.optim import config_trainer
+    cfg = s["full_cfg"]
+    _cpu_math.settle(cfg)  # as `train_model` does: the whole corpus lifts oneDNN's cap
+    src_size, tgt_size, arrays = _full_slice(s, cache_dir)
+    batches = [[mx.np.array(a, dtype="float32") for a in batch] for batch in arrays]
+    tokens = sum(float(Y_len.sum() - len(Y_len)) for *_, Y_len in arrays)  # Y_valid_len - 1
+    d2t.set_seed(0)  # both paths: the same initial weights
+    model = d2t.build_model(cfg, src_size, tgt_size)
+    model.initialize(init.Xavier(), ctx=mx.cpu())
+    trainer = config_trainer(model, cfg)
+    loss = MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction)
+    stamps = []
+    summary = d2t.train_s2s_ch8(model, batches, cfg.lr, s["full_epochs"], mx.cpu(),
+                                trainer=trainer, loss=loss, fast=fast,
+                                on_epoch=lambda epoch, loss: stamps.append(time.time()))
+    rate = tokens * (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    shapes = sorted({(X.shape[0], X.shape[1], Y.shape[1]) for X, _, Y, _ in arrays})
+    return rate, {"loss": summary["loss"], "batches": len(arrays), "tokens_per_pass": tokens,
+                  "passes_timed": len(stamps) - 1, "shapes": len(shapes)}
+
+
+def baseline_row(s, key, cache_dir):
+    """(a) ``train_torch`` / ``train_gluonnlp``, (h) ``train_full_torch``: the same model in
+    PyTorch eager or GluonNLP 0.10 hybridized (scripts/baselines.py) on the batches of the
+    package's rows (NumPy copies), target tokens/s over epochs 2..; PyTorch on the threads the
+    package's loop takes for that work (`_threads.threads_for`)."""
+    import baselines
+
+    from d2l_transformer._threads import threads_for
+    package = "gluonnlp" if key == "train_gluonnlp" else "torch"
+    reason = baselines.missing(package)
+    if reason:
+        return float("nan"), {"skipped": reason}
+    if key == "train_full_torch":
+        cfg, epochs = s["full_cfg"], s["full_epochs"]
+        src_size, tgt_size, batches = _full_slice(s, cache_dir)
+    else:
+        cfg, epochs = s["cfg"], s["epochs"]
+        src_vocab, tgt_vocab, it = chapter_data(cfg)
+        src_size, tgt_size = len(src_vocab), len(tgt_vocab)
+        batches = [[a.asnumpy() for a in batch] for batch in it]
+    if package == "gluonnlp":
+        return baselines.train_gluonnlp(batches, src_size, tgt_size, cfg, epochs)
+    X, _, Y, _ = batches[0]  # the loop's rule: the first batch's output-layer multiply-adds
+    threads = threads_for(X.shape[0] * (Y.shape[1] - 1) * cfg.embedding_size * tgt_size)
+    return baselines.train_torch(batches, src_size, tgt_size, cfg, epochs, threads)
+
+
+def _oracle(name):
+    """``import NAME`` from oracles/ (the book's code, kept outside the package and its path),
+    loaded from its file and registered under its own name, as an import would."""
+    if name not in sys.modules:
+        path = os.path.join(ROOT, "oracles", name + ".py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(sys.modules[name])
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def book_row(s):
+    """(a) the chapter's own code: its classes as printed (oracles/chapter_0_11.py, on the
+    `d2l` 0.11.4 oracle the chapter imported) trained by d2l's own ``train_s2s_ch9``, on the
+    same data; epochs timed from when the loop starts reading each epoch's batches."""
+    import contextlib
+    import io
+
+    try:
+        import d2l
+    except ImportError:  # the oracle is a test dependency (make venv installs it)
+        return float("nan"), {"skipped": "d2l 0.11.4 is not installed"}
+    import mxnet as mx
+    book = _oracle("chapter_0_11")
+
+    import d2l_transformer as d2t
+    cfg = s["cfg"]
+    src_vocab, tgt_vocab, it = chapter_data(cfg)
+    tokens_per_epoch = sum(float((batch[3] - 1).sum()) for batch in it)
+    stamps = []
+
+    class Timed:  # the DataLoader, stamping the start of every epoch
+        def __iter__(self):
+            stamps.append(time.time())
+            return iter(it)
+
+    d2t.set_seed(0)
+    args = (cfg.embedding_size, cfg.ffn_hidden_size, cfg.num_heads, cfg.num_layers, cfg.dropout)
+    model = d2l.EncoderDecoder(book.TransformerEncoder(len(src_vocab), *args),
+                               book.TransformerDecoder(len(src_vocab), *args))  # as printed
+    with contextlib.redirect_stdout(io.StringIO()):  # d2l's animator and book line
+        d2l.train_s2s_ch9(model, Timed(), cfg.lr, s["epochs"], mx.cpu())
+    stamps.append(time.time())
+    rate = tokens_per_epoch * (len(stamps) - 2) / (stamps[-1] - stamps[1])  # epochs 2..
+    return rate, {"epochs_timed": len(stamps) - 2}
