@@ -194,7 +194,8 @@ def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, low
 
 
 def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE, alpha=ALPHA,
-                   data_path=None, max_sentences=1000, lowercase=False, examples=0, no_unk=False):
+                   data_path=None, max_sentences=1000, lowercase=False, examples=0, no_unk=False,
+                   engine_threads=0):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
     `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
     `inference.engines`): the chapter's four sentences with d2l's `bleu`, then corpus BLEU and chrF
@@ -202,9 +203,9 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     set (`data.evaluation_sets`: the preset's valid and test parts, or the chapter's training
     and held-out pairs), greedy and with a beam of `beam` (greedy only for an exact-chapter
     model). Returns the report (a JSON-able dict); ``examples``: keep the first N translations
-    of each set. Errors are one line (CheckpointError, DataError, ExactChapterError,
-    ExportError)."""
-    translator = open_engine(model_dir, engine, ctx, no_unk=no_unk)
+    of each set; ``engine_threads``: CTranslate2's (`open_engine`). Errors are one line
+    (CheckpointError, DataError, ExactChapterError, ExportError)."""
+    translator = open_engine(model_dir, engine, ctx, no_unk=no_unk, engine_threads=engine_threads)
     cfg, tok = translator.cfg, translator.tokenizer
     src_vocab, tgt_vocab = translator.src_vocab, translator.tgt_vocab
     lowercase = tok.lowercase or lowercase

@@ -34,7 +34,7 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     tokenizer): sentences then end where the model ends them, as in use;
 (k) ``--engine ctranslate2``: the engine object ``d2l-transformer translate --engine ctranslate2``
     uses (`inference.engines.open_engine`: the export kept beside a copy of the model directory,
-    CTranslate2's default threads) against CTranslate2's own ``translate_batch`` on that engine's
+    the default `--engine-threads`) against CTranslate2's own ``translate_batch`` on that engine's
     translator (the same export, threads and sentences: the distinct test sources of (f) or
     ``--model``), all the sentences in one call each, batches of 64, greedy and beam 4, start-up
     (export, loading, a first batch) excluded; ``--repeats`` interleaved rounds in one process,

@@ -181,6 +181,32 @@ def test_missing_model_dir_and_bad_options(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 3
 
 
+@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 4)])
+def test_the_default_engine_threads(monkeypatch, cores, threads):
+    """CTranslate2's default threads: a quarter of the physical cores, 1 to 4 (docs/export.md:
+    one on this project's 2-core machines, four on 16 cores)."""
+    from d2l_transformer import _threads
+    from d2l_transformer.inference.engines import default_engine_threads
+
+    monkeypatch.setattr(_threads, "physical_cores", lambda: cores)
+    assert default_engine_threads() == threads
+
+
+def test_a_negative_engine_threads_is_one_line(tmp_path, capsys):
+    """Checked before anything loads, whichever engine and command."""
+    for argv in (["translate", "--model", str(tmp_path), "go ."],
+                 ["translate", "--model", str(tmp_path), "--engine", "ctranslate2", "go ."],
+                 ["evaluate", "--model", str(tmp_path)], ["serve", "--model", str(tmp_path)]):
+        assert cli.main(argv + ["--engine-threads", "-1"]) == cli.EXIT_ERROR, argv
+        assert capsys.readouterr().err == "error: --engine-threads must be at least 0\n"
+    for name in ("translate", "evaluate", "serve"):  # the help says who reads it
+        with pytest.raises(SystemExit):
+            cli.main([name, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert "--engine-threads N --engine ctranslate2: CTranslate2's threads" in help_text
+        assert "the mxnet engine ignores it" in help_text
+
+
 def test_evaluate_and_compare(model_dir, capsys):
     assert cli.main(["evaluate", "--model", model_dir, "--max-sentences", "20", "--beam", "2"]) == 0
     out = capsys.readouterr().out

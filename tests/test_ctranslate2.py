@@ -31,7 +31,13 @@ from d2l_transformer import checkpoint, cli
 from d2l_transformer.data import heldout_nmt
 from d2l_transformer.data.split import split_corpus
 from d2l_transformer.evaluate import evaluate_model, translate_texts
-from d2l_transformer.inference.engines import ENGINES, CTranslate2Engine, MXNetEngine, open_engine
+from d2l_transformer.inference.engines import (
+    ENGINES,
+    CTranslate2Engine,
+    MXNetEngine,
+    default_engine_threads,
+    open_engine,
+)
 from d2l_transformer.inference.export import ExportError, export
 from d2l_transformer.inference.export.ctranslate2 import decoding_options
 from d2l_transformer.inference.limits import BANNED, EXTRA_LENGTH, SentenceError
@@ -394,6 +400,38 @@ def test_engine_refusals_are_one_line_and_touch_nothing(small_dir, small, tmp_pa
     assert cli.main(["translate", "--model", small[0], "--engine", "ctranslate2", "go ."]) == 2
     assert capsys.readouterr().err == ("error: --engine ctranslate2 needs the ctranslate2 package: "
                                        "pip install 'd2l_transformer[ctranslate2]'\n")
+
+
+def test_engine_threads_reach_ctranslate2(small, monkeypatch, capsys):
+    """``--engine-threads N`` (translate, evaluate, serve) is CTranslate2's ``intra_threads``;
+    0 or absent: `default_engine_threads`. The engine records what it passed."""
+    passed, real = [], ctranslate2.Translator
+
+    def recording(*args, **kwargs):
+        passed.append(kwargs["intra_threads"])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ctranslate2, "Translator", recording)
+    model_dir = small[0]
+    assert open_engine(model_dir, "ctranslate2", engine_threads=3).intra_threads == passed[-1] == 3
+    default = open_engine(model_dir, "ctranslate2").intra_threads
+    assert default == passed[-1] == default_engine_threads()
+    assert CTranslate2Engine(model_dir, intra_threads=0).intra_threads == default
+    with pytest.raises(ValueError, match="at least 0"):
+        CTranslate2Engine(model_dir, intra_threads=-1)
+    argv = ["--model", model_dir, "--engine", "ctranslate2", "--engine-threads", "2"]
+    assert cli.main(["translate", *argv, "go ."]) == 0 and passed[-1] == 2
+    assert cli.main(["evaluate", *argv, "--max-sentences", "5", "--beam", "2"]) == 0
+    assert passed[-1] == 2
+    assert cli.main(["translate", *argv[:-2], "go ."]) == 0 and passed[-1] == default
+    capsys.readouterr()
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from d2l_transformer.serve.engine import Engine
+
+    engine = Engine(model_dir, "cpu", engine="ctranslate2", engine_threads=2)
+    try:
+        assert engine.translator.intra_threads == passed[-1] == 2
+    finally:
+        engine.close()
 
 
 def test_the_server_translates_with_ctranslate2_and_explains_with_mxnet(small):

@@ -179,9 +179,6 @@ def test_every_module_is_under_400_lines():
 
 
 MAX_CODE_LINES = 60  # per function
-# Functions still over MAX_CODE_LINES while they are being shortened; each must stay over it, so
-# the list only shrinks: remove a name once its function is short.
-KNOWN_LONG = {"training/run.py:train_model", "training/loop.py:train_s2s_ch8"}
 
 
 def _function_code_lines(path):
@@ -213,16 +210,12 @@ def _function_code_lines(path):
 
 def test_every_function_is_at_most_60_code_lines():
     """Short functions: no function of the package has over 60 code lines (blank lines,
-    comments and docstrings aside), but those of `KNOWN_LONG`, which must still have."""
+    comments and docstrings aside)."""
     lengths = {}
     for f in _source_files():
         if f.endswith(".py"):
             module = os.path.relpath(os.path.join(ROOT, f), PACKAGE).replace(os.sep, "/")
             lengths.update({f"{module}:{name}": n for name, n in
                             _function_code_lines(os.path.join(ROOT, f)).items()})
-    long = {name: n for name, n in sorted(lengths.items())
-            if n > MAX_CODE_LINES and name not in KNOWN_LONG}
+    long = {name: n for name, n in sorted(lengths.items()) if n > MAX_CODE_LINES}
     assert long == {}, f"over {MAX_CODE_LINES} code lines: split them into shorter functions"
-    short = {name: lengths.get(name, "gone") for name in sorted(KNOWN_LONG)
-             if lengths.get(name, 0) <= MAX_CODE_LINES}
-    assert short == {}, f"at most {MAX_CODE_LINES} code lines now: remove them from KNOWN_LONG"

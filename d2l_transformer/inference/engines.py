@@ -12,7 +12,8 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
   with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also
   gives the attention weights of a translation (`MXNetEngine.attention`).
 * ``"ctranslate2"`` (`CTranslate2Engine`): OpenNMT's CTranslate2 over the model's float32 export,
-  made on first use and kept beside the model directory (`export.kept_export`). Greedy decoding
+  made on first use and kept beside the model directory (`export.kept_export`), on
+  `default_engine_threads` threads unless asked for others. Greedy decoding
   gives the MXNet engine's tokens. Beam search is CTranslate2's (its beam keeps the best partial
   hypotheses by log P, without length penalty); its `beam_size` finished hypotheses are then
   ranked by GNMT's score, as the MXNet engine ranks its own (docs/export.md).
@@ -21,7 +22,7 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
 import json
 import os
 
-from .. import checkpoint
+from .. import _threads, checkpoint
 from ..config import TransformerConfig
 from ..data import Vocab
 from ..data import load_tokenizer as _tokenizer_of
@@ -39,6 +40,12 @@ from .translator import ALPHA, Hypothesis, Translator, length_penalty
 ENGINES = ("mxnet", "ctranslate2")
 DEFAULT_ENGINE = "mxnet"
 BATCH = 64  # sentences decoded together
+
+
+def default_engine_threads():
+    """CTranslate2's threads when none are asked for (``--engine-threads 0``): a quarter of
+    the physical cores, 1 to 4 (the measurements: docs/export.md)."""
+    return min(4, max(1, _threads.physical_cores() // 4))
 
 
 def no_unk_for(cfg, no_unk=False):
@@ -112,7 +119,8 @@ class CTranslate2Engine:
     """CTranslate2's ``Translator`` over the float32 export kept beside `model_dir`
     (`export.kept_export`: exported on first use, again when the model directory changes).
     ExportError (one line) for an exact-chapter or ScaleNorm model, or without the
-    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0: its default).
+    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0:
+    `default_engine_threads`; the number used: ``self.intra_threads``).
 
     Greedy gives the MXNet engine's tokens. Beam search is CTranslate2's own, at its own
     speed: one search, its best hypotheses ranked by its length penalty, ``log P / |Y| **
@@ -124,6 +132,8 @@ class CTranslate2Engine:
 
     def __init__(self, model_dir, *, no_unk=False, batch_size=BATCH, device="cpu",
                  intra_threads=0):
+        if intra_threads < 0:
+            raise ValueError(f"intra_threads must be at least 0, not {intra_threads}")
         from .export import kept_export
         from .export.ctranslate2 import import_ctranslate2
         ctranslate2 = import_ctranslate2("--engine ctranslate2")
@@ -137,8 +147,9 @@ class CTranslate2Engine:
         self.summary = {"preset": manifest["model"].get("preset")}
         self.no_unk = no_unk_for(self.cfg, no_unk)
         self.batch_size = batch_size
+        self.intra_threads = intra_threads or default_engine_threads()
         self.translator = ctranslate2.Translator(self.directory, device=device,
-                                                 intra_threads=intra_threads)
+                                                 intra_threads=self.intra_threads)
 
     def _read_json(self, name):
         with open(os.path.join(self.directory, name), encoding="utf-8") as f:
@@ -180,11 +191,14 @@ class CTranslate2Engine:
         return score * size ** alpha / length_penalty(size, alpha)
 
 
-def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH):
-    """The engine `engine` (`ENGINES`) over the model directory `model_dir`. Errors are one
-    line: CheckpointError, ExactChapterError, ExportError (``ctranslate2``)."""
+def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH,
+                engine_threads=0):
+    """The engine `engine` (`ENGINES`) over the model directory `model_dir`; `engine_threads`:
+    CTranslate2's (0: `default_engine_threads`), ignored by ``mxnet``. Errors are one line:
+    CheckpointError, ExactChapterError, ExportError (``ctranslate2``)."""
     if engine == "mxnet":
         return MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
     if engine == "ctranslate2":
-        return CTranslate2Engine(model_dir, no_unk=no_unk, batch_size=batch_size)
+        return CTranslate2Engine(model_dir, no_unk=no_unk, batch_size=batch_size,
+                                 intra_threads=engine_threads)
     raise ValueError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")

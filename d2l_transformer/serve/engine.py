@@ -64,7 +64,8 @@ def check_attention(cells, least=False):
 
 class Engine:
     """The model of `model_dir` behind a queue, served by one worker thread; `engine`: the
-    translation engine (`inference.engines.ENGINES`).
+    translation engine (`inference.engines.ENGINES`); `engine_threads`: CTranslate2's threads
+    (0: `inference.engines.default_engine_threads`).
 
     After construction (which waits until the model is loaded, or re-raises why it could not
     be) `tokenizer`, `src_vocab`, `max_positions` and `info` are read-only and may be used from
@@ -72,8 +73,9 @@ class Engine:
     """
 
     def __init__(self, model_dir, ctx="auto", *, engine=DEFAULT_ENGINE, max_batch=64,
-                 max_pending=4096):
+                 max_pending=4096, engine_threads=0):
         self.model_dir, self.engine = os.path.abspath(model_dir), engine
+        self.engine_threads = engine_threads
         try:  # before the model loads
             require_corrected(checkpoint.load_config(model_dir), "the server")
         except ExactChapterError as e:
@@ -148,7 +150,8 @@ class Engine:
         self.explainer = MXNetEngine.load(self.model_dir, ctx, batch_size=self.max_batch)
         if self.engine == "ctranslate2":
             try:
-                self.translator = CTranslate2Engine(self.model_dir, batch_size=self.max_batch)
+                self.translator = CTranslate2Engine(self.model_dir, batch_size=self.max_batch,
+                                                    intra_threads=self.engine_threads)
             except ExportError as e:
                 raise ServeError(str(e)) from None
         else:

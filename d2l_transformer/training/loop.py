@@ -91,7 +91,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     on a CPU the graph's LayerNorms and attention cores are the fused kernels of `kernels`
     (same function; MXNet's operators when they cannot be built). It needs the corrected model
     (the graph call raises in exact mode). The loop below is
-    shared: only the step function (chosen once, `_fast_step`) differs.
+    shared: only the step function (chosen once, `_choose_step`) differs.
 
     ``size_threads=False`` keeps the process's OpenMP thread count (``OMP_NUM_THREADS``, one
     unless set) instead of sizing it to the work (`_threads`): what the chapter's own code runs
@@ -115,21 +115,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = data_parallel(ctxs, kvstore)
     check_one_device(getattr(loss, "reduction", None), ctxs, kvstore)
-    if parallel:
-        step = _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
-                              clip_per_token)
-    elif fast:
-        step = _fast_step(model, trainer, loss, clip_per_token)
-    else:
-        def step(X, X_vlen, Y_input, Y_label, Y_vlen):
-            with autograd.record():
-                Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
-                l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
-            l.backward()
-            num_tokens = step_size(loss, Y_vlen)
-            grad_clipping(model, clip_threshold(float(num_tokens), clip_per_token))
-            trainer.step(num_tokens)
-            return float(l.sum()), float(num_tokens)
+    step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token)
     history = []
     health = getattr(step, "health", None)  # `ClipAdam.health` of a fast step, or None
     num_batches = len(data_iter) if hasattr(data_iter, "__len__") else None
@@ -138,32 +124,11 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         if epoch_seed is not None and epoch >= reseed_from:
             mx.random.seed(epoch_seed + epoch)  # the in-graph random ops; NumPy's stream runs on
         tic = time.time()
-        loss_sum, ce_sum, num_tokens_sum, done = 0.0, 0.0, 0.0, 0
-        for batch in data_iter:
-            # a single device gets the batch here; `_parallel_step` splits it across devices
-            X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
-            Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
-            if not done and size_threads:  # threads for this size (`_threads`), each epoch
-                dec = model.decoder
-                kernels.use_threads(X.shape[0] // len(ctxs) * Y_label.shape[1]
-                                    * dec.embedding_size * dec.dense._units)
-            batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
-            loss_sum += batch_loss  # device arrays on the fast path: no sync here
-            ce_sum += batch_loss * (Y_label.shape[1] if per_width else 1)  # undo the mean over positions
-            num_tokens_sum += num_tokens
-            done += 1
-            if on_batch is not None:
-                report = done % report_every == 0 and done != num_batches  # the end reads anyway
-                on_batch(epoch, done, _read(loss_sum, num_tokens_sum) if report else None)
-        flags = None if health is None else health()
-        values = _read(loss_sum, ce_sum, num_tokens_sum, *(() if flags is None else (flags,)))
-        loss_sum, ce_sum, num_tokens_sum = global_sum(*values[:3])
-        if flags is not None and values[3]:
-            raise FloatingPointError(
-                f"epoch {epoch}: the gradient's global norm was not finite (NaN or Inf) at "
-                f"{values[3]:.0f} of {trainer._optimizer.num_update} updates so far, first at update "
-                f"{values[4]:.0f}; those updates were skipped. Lower the learning rate or check "
-                "the data")
+        *sums, done = _train_epoch(
+            model, data_iter, step, ctxs, epoch, parallel=parallel, per_width=per_width,
+            size_threads=size_threads, on_batch=on_batch, report_every=report_every,
+            num_batches=num_batches)
+        loss_sum, ce_sum, num_tokens_sum = _epoch_totals(sums, health, global_sum, epoch, trainer)
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum
         if on_batch is not None:
@@ -181,6 +146,69 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         "epochs": num_epochs,
         "history": history,
     }
+
+
+def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token):
+    """The step of one batch, chosen once: `_parallel_step` on several devices or workers,
+    `_fast_step` (the graph) on one, else the chapter's imperative step. Each returns the
+    batch's summed loss and its number of tokens (device arrays on the fast path)."""
+    if parallel:
+        return _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
+                              clip_per_token)
+    if fast:
+        return _fast_step(model, trainer, loss, clip_per_token)
+
+    def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+        with autograd.record():
+            Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
+            l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+        l.backward()
+        num_tokens = step_size(loss, Y_vlen)
+        grad_clipping(model, clip_threshold(float(num_tokens), clip_per_token))
+        trainer.step(num_tokens)
+        return float(l.sum()), float(num_tokens)
+    return step
+
+
+def _train_epoch(model, data_iter, step, ctxs, epoch, *, parallel, per_width, size_threads,
+                 on_batch, report_every, num_batches):
+    """One epoch: `step` on every batch of `data_iter`, then ``(loss_sum, ce_sum,
+    num_tokens_sum, batches)``, this worker's, unread (device arrays on the fast path: no host
+    sync but ``on_batch``'s reports every ``report_every`` batches)."""
+    loss_sum, ce_sum, num_tokens_sum, done = 0.0, 0.0, 0.0, 0
+    for batch in data_iter:
+        # a single device gets the batch here; `_parallel_step` splits it across devices
+        X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
+        Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
+        if not done and size_threads:  # threads for this size (`_threads`), each epoch
+            dec = model.decoder
+            kernels.use_threads(X.shape[0] // len(ctxs) * Y_label.shape[1]
+                                * dec.embedding_size * dec.dense._units)
+        batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
+        loss_sum += batch_loss  # device arrays on the fast path: no sync here
+        ce_sum += batch_loss * (Y_label.shape[1] if per_width else 1)  # undo the mean over positions
+        num_tokens_sum += num_tokens
+        done += 1
+        if on_batch is not None:
+            report = done % report_every == 0 and done != num_batches  # the end reads anyway
+            on_batch(epoch, done, _read(loss_sum, num_tokens_sum) if report else None)
+    return loss_sum, ce_sum, num_tokens_sum, done
+
+
+def _epoch_totals(sums, health, global_sum, epoch, trainer):
+    """The epoch's ``(loss_sum, ce_sum, num_tokens_sum)`` read once and summed over all
+    workers; FloatingPointError when a fast step's `health` counted a gradient whose global
+    norm was not finite."""
+    flags = None if health is None else health()
+    values = _read(*sums, *(() if flags is None else (flags,)))
+    totals = global_sum(*values[:3])
+    if flags is not None and values[3]:
+        raise FloatingPointError(
+            f"epoch {epoch}: the gradient's global norm was not finite (NaN or Inf) at "
+            f"{values[3]:.0f} of {trainer._optimizer.num_update} updates so far, first at update "
+            f"{values[4]:.0f}; those updates were skipped. Lower the learning rate or check "
+            "the data")
+    return totals
 
 
 def _read(*values):

@@ -9,27 +9,21 @@ import time
 from mxnet import init
 
 from .. import _cpu_math, checkpoint
-from ..book import EDITIONS, SENTENCES
 from ..build import build_model
 from ..data import (
     WordTokenizer,
-    detokenize_words,
     load_data_mt_fra_eng,
     load_data_nmt,
     load_data_split,
     split_corpus,
 )
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
-from ..evaluate import bleu
-from ..inference.decode import chapter_greedy, predict_s2s_ch8, predict_step
-from ..inference.engines import translator_options
-from ..inference.limits import chapter_only
-from ..inference.translator import Translator
 from ..io import lock
 from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
 from .progress import ProgressBar
+from .translations import book_translations, edition_translations
 from .validation import (
     EarlyStopping,
     LastParameters,
@@ -102,38 +96,6 @@ def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=Fa
                          edition=cfg.edition) + (WordTokenizer(cfg.edition), None)
 
 
-def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
-    """The chapter's four sentences translated by its `predict_s2s_ch8` (in exact mode with the
-    chapter's behaviour): ``{sentence: translation}``. A subword model gets them as text
-    (``Go.``) through its tokenizer, greedy, and answers in text."""
-    if tokenizer is not None and tokenizer.kind != "word":
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, **translator_options(cfg))
-        hyps = translator.translate([tokenizer.encode(detokenize_words(s)) for s in SENTENCES])
-        return {s: tokenizer.decode(h.tokens) for s, h in zip(SENTENCES, hyps)}
-    return {s: predict_s2s_ch8(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx)
-            for s in SENTENCES}
-
-
-def edition_translations(model, src_vocab, tgt_vocab, cfg, ctx):
-    """The later editions' four sentences as their prediction cells translate and score them:
-    ``({sentence: translation}, {sentence: d2l's bleu with k=2})``. Exact 0.17: its
-    ``predict_seq2seq`` (`chapter_greedy` on the source and ``<eos>``); exact 1.0: its
-    ``predict_step`` (`predict_step`: the four as one batch); corrected: the `Translator`,
-    greedy, nothing masked."""
-    references = EDITIONS[cfg.edition]["references"]
-    sources = [s.split(" ") + ["<eos>"] for s in references]
-    if not chapter_only(cfg):
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, num_steps=cfg.num_steps,
-                                max_length=cfg.num_steps, suppress=False)
-        outs = [hyp.tokens for hyp in translator.translate(sources)]
-    elif cfg.edition == "0.17":
-        outs = [chapter_greedy(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx) for s in sources]
-    else:
-        outs = predict_step(model, sources, src_vocab, tgt_vocab, cfg.num_steps, ctx)
-    translations = {s: " ".join(out) for s, out in zip(references, outs)}
-    return translations, {s: bleu(translations[s], ref, 2) for s, ref in references.items()}
-
-
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
                 data_path=None, checkpoint_every=1, progress=True, preset=None, log=None,
                 valid_every=None, patience=None, average_last=None, overwrite=False):
@@ -175,29 +137,12 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
 
     Raises RunError or CheckpointError (one line) for a run that cannot start as asked.
     """
-    log = log or sys.stderr
-    check_out_dir(out_dir, resume=resume, overwrite=overwrite)
-    ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
-    fast = fast and not cfg.exact_chapter  # the book's bugs live in the imperative code
-    if resume and out_dir is None:
-        raise RunError("resuming needs the model directory of the run")
-    kvstore = create_kvstore(kvstore) if isinstance(kvstore, str) or kvstore is None else kvstore
-    rank, num_workers = worker_info(kvstore)
-    if num_workers > 1:  # `launch` prefixes this worker's lines with its rank from now on
-        announce_rank(kvstore)
-    batch_size = cfg.batch_size // num_workers  # the preset's batch is the GLOBAL batch
-    if batch_size < len(ctxs):
-        raise RunError(f"batch size {cfg.batch_size} is too small for {num_workers} workers "
-                       f"x {len(ctxs)} devices")
-    # exact 1.0: d2l 1.0's loss, the mean over every position of a batch, on one device
-    reduction = "mean" if "loss_over_padding" in cfg.bugs else cfg.loss_reduction
-    try:
-        check_one_device(reduction, ctxs, kvstore)
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    writer = rank == 0 and out_dir is not None  # only rank 0 writes the model directory
+    run = _Run(cfg, out_dir, ctx, kvstore, seed=seed, fast=fast, resume=resume,
+               overwrite=overwrite, log=log or sys.stderr, data_path=data_path,
+               checkpoint_every=checkpoint_every, preset=preset, valid_every=valid_every,
+               patience=patience, average_last=average_last)
     with contextlib.ExitStack() as held:
-        if writer:  # one writer per model directory, from before anything is written
+        if run.writer:  # one writer per model directory, from before anything is written
             try:
                 held.enter_context(lock.locked(out_dir, "trained"))
             except lock.Locked as e:
@@ -205,164 +150,249 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
         _cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
         set_seed(seed)
-        tokenizer = checkpoint.load_tokenizer(out_dir, cfg) if resume else None
-        src_vocab, tgt_vocab, train_iter, tokenizer, edition_valid = load_data(
-            cfg, batch_size, data_path, rank=rank, num_workers=num_workers, fast=fast,
-            tokenizer=tokenizer)
-        updates = len(train_iter) * cfg.num_epochs
+        run.prepare_data()
+        if not run.load_or_build_model():
+            return run.summary  # trained as many epochs as asked already
+        run.set_up_validation()
+        run.train(progress)
+        run.finish()
+        return run.summary
+
+
+class _Run:
+    """One `train_model` run, stage by stage: the options checked before anything is written,
+    the data, the model and trainer, validation, the loop and its per-epoch callback, the end
+    (averaging, the translations, the last save). ``summary`` is what summary.json holds."""
+
+    def __init__(self, cfg, out_dir, ctx, kvstore, *, seed, fast, resume, overwrite, log,
+                 data_path, checkpoint_every, preset, valid_every, patience, average_last):
+        check_out_dir(out_dir, resume=resume, overwrite=overwrite)
+        self.cfg, self.out_dir, self.seed, self.resume, self.log = cfg, out_dir, seed, resume, log
+        self.ctxs = ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
+        self.fast = fast and not cfg.exact_chapter  # the book's bugs live in the imperative code
+        if resume and out_dir is None:
+            raise RunError("resuming needs the model directory of the run")
+        self.kvstore = kvstore = (create_kvstore(kvstore) if isinstance(kvstore, str) or kvstore is None
+                                  else kvstore)
+        self.rank, self.num_workers = worker_info(kvstore)
+        if self.num_workers > 1:  # `launch` prefixes this worker's lines with its rank from now on
+            announce_rank(kvstore)
+        self.batch_size = cfg.batch_size // self.num_workers  # the preset's batch is the GLOBAL batch
+        if self.batch_size < len(ctxs):
+            raise RunError(f"batch size {cfg.batch_size} is too small for {self.num_workers} "
+                           f"workers x {len(ctxs)} devices")
+        # exact 1.0: d2l 1.0's loss, the mean over every position of a batch, on one device
+        self.reduction = "mean" if "loss_over_padding" in cfg.bugs else cfg.loss_reduction
+        try:
+            check_one_device(self.reduction, ctxs, kvstore)
+        except ValueError as e:
+            raise RunError(str(e)) from None
+        self.writer = self.rank == 0 and out_dir is not None  # only rank 0 writes the model directory
+        self.data_path, self.checkpoint_every, self.preset = data_path, checkpoint_every, preset
+        self.valid_every, self.patience, self.average_last = valid_every, patience, average_last
+        self.carry = resume  # OUT/best and OUT/average of a model this run replaces are not its own
+        self.bar = None
+
+    def prepare_data(self):
+        """The data (`load_data`), a warmup longer than the run warned of, ``valid_every``
+        settled and checked."""
+        cfg = self.cfg
+        tokenizer = checkpoint.load_tokenizer(self.out_dir, cfg) if self.resume else None
+        self.src_vocab, self.tgt_vocab, self.train_iter, self.tokenizer, self.edition_valid = \
+            load_data(cfg, self.batch_size, self.data_path, rank=self.rank,
+                      num_workers=self.num_workers, fast=self.fast, tokenizer=tokenizer)
+        updates = len(self.train_iter) * cfg.num_epochs
         if cfg.warmup_steps > updates:
             print(f"warning: warmup_steps {cfg.warmup_steps} is longer than the whole run "
-                  f"({len(train_iter)} batches x {cfg.num_epochs} epochs = {updates} updates): the "
+                  f"({len(self.train_iter)} batches x {cfg.num_epochs} epochs = {updates} updates): the "
                   f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
-                  f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=log)
-        if valid_every is None:
-            valid_every = 1 if cfg.num_valid and edition_valid is None else 0
-        if valid_every and edition_valid is not None:
+                  f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=self.log)
+        if self.valid_every is None:
+            self.valid_every = 1 if cfg.num_valid and self.edition_valid is None else 0
+        if self.valid_every and self.edition_valid is not None:
             raise RunError("edition 1.0 validates as d2l 1.0 does (its loss every epoch): "
                            "--valid-every is not for it")
-        if valid_every and not cfg.num_valid:
+        if self.valid_every and not cfg.num_valid:
             raise RunError("--valid-every needs a valid part: this config has num_valid 0 (give "
                            "e.g. --set num_valid=2000)")
-        if patience is not None and not valid_every:
+        if self.patience is not None and not self.valid_every:
             raise RunError("--patience needs validation (--valid-every N, and a valid part)")
-        if resume:
-            model, saved_src, saved_tgt, _, summary = checkpoint.load(out_dir, ctxs)
-            if saved_src.idx_to_token != src_vocab.idx_to_token or \
-                    saved_tgt.idx_to_token != tgt_vocab.idx_to_token:
-                raise checkpoint.CheckpointError(f"{out_dir}: its vocabularies differ from the data's; "
-                                                 "was it trained on another dataset?")
-            if summary.get("seed") != seed:
-                raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
-                                                 f"{summary.get('seed')}, not {seed}")
-            trainer = config_trainer(model, cfg, kvstore)
-            checkpoint.load_trainer_states(out_dir, trainer)
-            start_epoch = summary["epochs_done"] + 1
-            if start_epoch > cfg.num_epochs:
-                print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
-                      "give a larger --epochs to train on", file=log)
-                return summary
-        else:
-            model = build_model(cfg, len(src_vocab), len(tgt_vocab))
+
+    def load_or_build_model(self):
+        """The model, its trainer, the summary and the first epoch: a resumed run's from its
+        model directory, else a new model initialised as its edition does. False when the
+        resumed run has trained ``cfg.num_epochs`` epochs already (said on the log)."""
+        cfg, out_dir, ctxs = self.cfg, self.out_dir, self.ctxs
+        if not self.resume:
+            self.model = build_model(cfg, len(self.src_vocab), len(self.tgt_vocab))
             if cfg.edition == "1.0":  # its encoder and decoder call initialize(): Uniform(0.07)
-                model.encoder.initialize(ctx=ctxs)
-                model.decoder.initialize(ctx=ctxs)
+                self.model.encoder.initialize(ctx=ctxs)
+                self.model.decoder.initialize(ctx=ctxs)
             else:
-                model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
-            trainer = config_trainer(model, cfg, kvstore)
-            summary = {"seed": seed, "preset": preset, "exact_chapter": cfg.exact_chapter,
-                       "epoch_history": [], "train_seconds": 0.0, "epochs_done": 0}
-            start_epoch = 1
-        summary["fast"] = fast
-        validator = Validator(model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
-                                                  data_path, cfg.split_by).valid,
-                              tokenizer, src_vocab, tgt_vocab, cfg, ctxs[0]) if valid_every else None
-        stopping = EarlyStopping.from_state(patience, summary.get("best"))
-        history = LastParameters(model, average_last) if average_last else None
-        if validator is not None:
-            summary.setdefault("validation", [])
-        where = ",".join(map(str, ctxs)) + (f", worker {rank} of {num_workers}" if num_workers > 1 else "")
-        print(f"training {cfg.num_epochs} epochs (from epoch {start_epoch}) on {where}, "
-              f"{'fast graph' if fast else 'imperative'} path: {len(src_vocab)} source / "
-              f"{len(tgt_vocab)} target tokens, {len(train_iter)} batches per epoch"
-              + (f"; model directory {out_dir}" if out_dir else ""), file=log)
-        tic = [time.time()]
-
-        carry = [resume]  # OUT/best and OUT/average of a model this run replaces are not its own
-
-        def save():
-            checkpoint.save(out_dir, model, src_vocab, tgt_vocab, cfg, summary, trainer, tokenizer,
-                            keep=SUBMODELS if carry[0] else ())
-            carry[0] = True
-
-        def save_sub(name, **extra):  # OUT/best, OUT/average: model directories of their own
-            path = os.path.join(out_dir, name)
-            sub = {k: v for k, v in summary.items() if k not in ("rng_state", "translations")}
-            checkpoint.save(path, model, src_vocab, tgt_vocab, cfg, dict(sub, **extra),
-                            tokenizer=tokenizer)
-            return path
-
-        def say(line):
-            if bar is not None:
-                bar.write(line)
-            else:
-                print(line, file=log)
-
-        def on_epoch(epoch, loss):
-            summary["epoch_history"].append((epoch, loss) if edition_valid is None else
-                                            (epoch, loss, validation_loss(model, edition_valid,
-                                                                          train_loss, ctxs[0])))
-            summary["train_seconds"] += time.time() - tic[0]
-            summary["epochs_done"] = epoch
-            summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
-            if history is not None:
-                history.add(epoch)
-            improved = False
-            if validator is not None and epoch % valid_every == 0:
-                record = dict(validator(), epoch=epoch, train_seconds=round(summary["train_seconds"], 1))
-                summary["validation"].append(record)
-                improved = stopping.update(epoch, record["valid_bleu"])
-                summary["best"] = stopping.state()
-                say(format_validation(epoch, record, improved))
-            if writer and (epoch % checkpoint_every == 0 or epoch == cfg.num_epochs or improved):
-                save()
-            if writer and improved:
-                save_sub("best", best_epoch=epoch)
-            tic[0] = time.time()
-            if stopping.should_stop:
-                summary["stopped_early"] = epoch
-                say(f"stopping after epoch {epoch}: no better valid BLEU in {patience} validations "
-                    f"(best {stopping.best_bleu:.2f} at epoch {stopping.best_epoch}, kept in "
-                    f"{os.path.join(out_dir, 'best') if out_dir else 'no model directory'})")
-                return True  # `train_s2s_ch8` ends the training here
+                self.model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
+            self.trainer = config_trainer(self.model, cfg, self.kvstore)
+            self.summary = {"seed": self.seed, "preset": self.preset,
+                            "exact_chapter": cfg.exact_chapter, "epoch_history": [],
+                            "train_seconds": 0.0, "epochs_done": 0}
+            self.start_epoch = 1
+            return True
+        self.model, saved_src, saved_tgt, _, summary = checkpoint.load(out_dir, ctxs)
+        if saved_src.idx_to_token != self.src_vocab.idx_to_token or \
+                saved_tgt.idx_to_token != self.tgt_vocab.idx_to_token:
+            raise checkpoint.CheckpointError(f"{out_dir}: its vocabularies differ from the data's; "
+                                             "was it trained on another dataset?")
+        if summary.get("seed") != self.seed:
+            raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
+                                             f"{summary.get('seed')}, not {self.seed}")
+        self.trainer = config_trainer(self.model, cfg, self.kvstore)
+        checkpoint.load_trainer_states(out_dir, self.trainer)
+        self.summary, self.start_epoch = summary, summary["epochs_done"] + 1
+        if self.start_epoch > cfg.num_epochs:
+            print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
+                  "give a larger --epochs to train on", file=self.log)
             return False
+        return True
 
-        if resume and "rng_state" in summary:
-            set_rng_state(summary["rng_state"])
-        bar = ProgressBar(cfg.num_epochs, len(train_iter), start_epoch) if progress else None
+    def set_up_validation(self):
+        """The `Validator` (if validating), early stopping, the epochs kept for averaging."""
+        cfg, summary = self.cfg, self.summary
+        summary["fast"] = self.fast
+        self.validator = Validator(
+            self.model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
+                                     self.data_path, cfg.split_by).valid,
+            self.tokenizer, self.src_vocab, self.tgt_vocab, cfg,
+            self.ctxs[0]) if self.valid_every else None
+        self.stopping = EarlyStopping.from_state(self.patience, summary.get("best"))
+        self.history = LastParameters(self.model, self.average_last) if self.average_last else None
+        if self.validator is not None:
+            summary.setdefault("validation", [])
+
+    def train(self, progress):
+        """`train_s2s_ch8` from ``start_epoch``, calling `on_epoch`; its results in the summary."""
+        cfg, ctxs, num_workers = self.cfg, self.ctxs, self.num_workers
+        where = ",".join(map(str, ctxs)) + (f", worker {self.rank} of {num_workers}"
+                                            if num_workers > 1 else "")
+        print(f"training {cfg.num_epochs} epochs (from epoch {self.start_epoch}) on {where}, "
+              f"{'fast graph' if self.fast else 'imperative'} path: {len(self.src_vocab)} "
+              f"source / {len(self.tgt_vocab)} target tokens, {len(self.train_iter)} batches "
+              "per epoch" + (f"; model directory {self.out_dir}" if self.out_dir else ""),
+              file=self.log)
+        self.tic = time.time()
+        if self.resume and "rng_state" in self.summary:
+            set_rng_state(self.summary["rng_state"])
+        if progress:
+            self.bar = ProgressBar(cfg.num_epochs, len(self.train_iter), self.start_epoch)
         # exact 0.17 and 1.0 draw their dropout from the one stream seeded once, as their code
         # does (a resumed run then differs)
-        train_loss = MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=reduction)
+        self.train_loss = MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=self.reduction)
         reseed = not (cfg.exact_chapter and cfg.edition != "0.11")
         try:
             result = train_s2s_ch8(
-                model, train_iter, cfg.lr, cfg.num_epochs, ctxs, on_epoch, trainer=trainer,
-                loss=train_loss, start_epoch=start_epoch,
-                epoch_seed=seed * SEED_STRIDE if reseed else None,
+                self.model, self.train_iter, cfg.lr, cfg.num_epochs, ctxs, self.on_epoch,
+                trainer=self.trainer, loss=self.train_loss, start_epoch=self.start_epoch,
+                epoch_seed=self.seed * SEED_STRIDE if reseed else None,
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
-                fast=fast, kvstore=kvstore, on_batch=bar, clip_per_token=cfg.clip_per_token,
+                fast=self.fast, kvstore=self.kvstore, on_batch=self.bar,
+                clip_per_token=cfg.clip_per_token,
                 size_threads=not cfg.exact_chapter)  # exact: the book's code's threads
         finally:
-            if bar is not None:
-                bar.close()
-        summary.update({k: result[k] for k in ("loss", "loss_per_token", "perplexity", "tokens_per_sec",
-                                               "ctx")})
-        if history is not None:
-            if len(history.epochs) < average_last:
-                print(f"warning: averaging the last {len(history.epochs)} epochs, not "
-                      f"{average_last} (this run trained only those)", file=log)
-            with history.swapped_in(history.average()):
-                average = {"averaged_epochs": history.epochs}
-                if validator is not None:
-                    average.update(validator())
-                    print(format_validation(f"average of epochs {history.epochs[0]}-"
-                                            f"{history.epochs[-1]}", average, False), file=log)
-                summary["average"] = average
-                if writer:
-                    save_sub("average", **{"average": average})
+            if self.bar is not None:
+                self.bar.close()
+        self.summary.update({k: result[k] for k in ("loss", "loss_per_token", "perplexity",
+                                                    "tokens_per_sec", "ctx")})
+
+    def on_epoch(self, epoch, loss):
+        """After each epoch: the summary, validation, the checkpoints; True stops the training
+        (early stopping)."""
+        summary = self.summary
+        summary["epoch_history"].append(
+            (epoch, loss) if self.edition_valid is None else
+            (epoch, loss, validation_loss(self.model, self.edition_valid, self.train_loss,
+                                          self.ctxs[0])))
+        summary["train_seconds"] += time.time() - self.tic
+        summary["epochs_done"] = epoch
+        summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
+        if self.history is not None:
+            self.history.add(epoch)
+        improved = False
+        if self.validator is not None and epoch % self.valid_every == 0:
+            record = dict(self.validator(), epoch=epoch,
+                          train_seconds=round(summary["train_seconds"], 1))
+            summary["validation"].append(record)
+            improved = self.stopping.update(epoch, record["valid_bleu"])
+            summary["best"] = self.stopping.state()
+            self.say(format_validation(epoch, record, improved))
+        if self.writer and (epoch % self.checkpoint_every == 0 or epoch == self.cfg.num_epochs
+                            or improved):
+            self.save()
+        if self.writer and improved:
+            self.save_sub("best", best_epoch=epoch)
+        self.tic = time.time()
+        if not self.stopping.should_stop:
+            return False
+        summary["stopped_early"] = epoch
+        stopping, out_dir = self.stopping, self.out_dir
+        self.say(f"stopping after epoch {epoch}: no better valid BLEU in {self.patience} "
+                 f"validations (best {stopping.best_bleu:.2f} at epoch {stopping.best_epoch}, "
+                 f"kept in {os.path.join(out_dir, 'best') if out_dir else 'no model directory'})")
+        return True  # `train_s2s_ch8` ends the training here
+
+    def finish(self):
+        """The end: OUT/average, the summary's last fields, the translations, the last save."""
+        cfg, summary, ctx = self.cfg, self.summary, self.ctxs[0]
+        if self.history is not None:
+            self.average()
         summary["epochs"] = cfg.num_epochs
         summary["history"] = [(e, loss) for e, loss, *_ in summary["epoch_history"] if e % 10 == 0]
-        if edition_valid is not None:
+        if self.edition_valid is not None:
             summary["val_loss"] = summary["epoch_history"][-1][2]
-        if num_workers > 1:
-            summary.update(num_workers=num_workers, kvstore=kvstore.type)
-        if rank == 0 and cfg.edition == "0.11":
-            summary["translations"] = book_translations(model, src_vocab, tgt_vocab, cfg, ctxs[0],
-                                                        tokenizer)
-        elif rank == 0:
+        if self.num_workers > 1:
+            summary.update(num_workers=self.num_workers, kvstore=self.kvstore.type)
+        if self.rank == 0 and cfg.edition == "0.11":
+            summary["translations"] = book_translations(self.model, self.src_vocab,
+                                                        self.tgt_vocab, cfg, ctx, self.tokenizer)
+        elif self.rank == 0:
             summary["translations"], summary["bleu"] = edition_translations(
-                model, src_vocab, tgt_vocab, cfg, ctxs[0])
+                self.model, self.src_vocab, self.tgt_vocab, cfg, ctx)
         summary["edition"] = cfg.edition
-        summary["cpu_math"] = _cpu_math.describe(str(ctxs[0]))  # which kernels made these numbers
-        if writer:
-            save()
-        return summary
+        summary["cpu_math"] = _cpu_math.describe(str(ctx))  # which kernels made these numbers
+        if self.writer:
+            self.save()
+
+    def average(self):
+        """The last ``average_last`` epochs' mean: validated, in the summary, as OUT/average."""
+        history, average_last = self.history, self.average_last
+        if len(history.epochs) < average_last:
+            print(f"warning: averaging the last {len(history.epochs)} epochs, not "
+                  f"{average_last} (this run trained only those)", file=self.log)
+        with history.swapped_in(history.average()):
+            average = {"averaged_epochs": history.epochs}
+            if self.validator is not None:
+                average.update(self.validator())
+                print(format_validation(f"average of epochs {history.epochs[0]}-"
+                                        f"{history.epochs[-1]}", average, False), file=self.log)
+            self.summary["average"] = average
+            if self.writer:
+                self.save_sub("average", **{"average": average})
+
+    def save(self):
+        """``OUT`` with the trainer's states (a replaced run's OUT/best, OUT/average dropped)."""
+        checkpoint.save(self.out_dir, self.model, self.src_vocab, self.tgt_vocab, self.cfg,
+                        self.summary, self.trainer, self.tokenizer,
+                        keep=SUBMODELS if self.carry else ())
+        self.carry = True
+
+    def save_sub(self, name, **extra):
+        """``OUT/best``, ``OUT/average``: model directories of their own."""
+        path = os.path.join(self.out_dir, name)
+        sub = {k: v for k, v in self.summary.items() if k not in ("rng_state", "translations")}
+        checkpoint.save(path, self.model, self.src_vocab, self.tgt_vocab, self.cfg,
+                        dict(sub, **extra), tokenizer=self.tokenizer)
+        return path
+
+    def say(self, line):
+        """A line on the log, above the progress bar when there is one."""
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, file=self.log)

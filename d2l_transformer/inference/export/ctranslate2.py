@@ -231,19 +231,20 @@ _OPTIONS = ("Greedy decoding with these options gives the package's `d2l-transfo
             "an NVIDIA GPU (CUDA 12): `ctranslate2.Translator(d, device=\"cuda\")`. manifest.json "
             "lists the sizes, the special tokens' ids and the SHA-256 of every file.")
 
-_SUBWORD = """import ctranslate2, sentencepiece as spm
+_SUBWORD = """import ctranslate2, os, sentencepiece as spm
 d = "{directory}"  # this directory
 src, tgt = (spm.SentencePieceProcessor(model_file=f"{{d}}/spm_{{s}}.model") for s in ("src", "tgt"))
 tokens = [src.encode(text, out_type=str) for text in {texts}]"""
 
-_WORD = """import ctranslate2, re
+_WORD = """import ctranslate2, os, re
 d = "{directory}"  # this directory
 def words(text):  # d2l {edition}'s preprocess_nmt, split on spaces{end_comment}
     text = text{plain}.lower()
     return re.sub(r"{space_before}", r" \\1", text).split(){end}
 tokens = [words(text) for text in {texts}]"""
 
-_TRANSLATE = """results = ctranslate2.Translator(d, device="cpu", intra_threads=2).translate_batch(
+_TRANSLATE = """threads = min(4, max(1, (os.cpu_count() or 1) // 4))  # a quarter of the cores, 1 to 4
+results = ctranslate2.Translator(d, device="cpu", intra_threads=threads).translate_batch(
     tokens, {options},
     max_decoding_length={limit})
 print([{decode} for r in results])"""

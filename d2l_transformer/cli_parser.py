@@ -1,0 +1,185 @@
+"""The argument parser of ``d2l-transformer`` (`cli`): every subcommand's options, defaults and
+help. It imports only the names the options list (presets, engines, formats, ...), none of the
+commands' modules: `cli` hands it the functions (`get_parser(commands)`).
+"""
+
+import argparse
+import os
+
+from .config import EDITIONS, PRESETS
+from .distributed.kvstore import KVSTORES
+from .distributed.launch import LAUNCHERS
+from .inference.engines import DEFAULT_ENGINE, ENGINES
+from .inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
+from .inference.export import FORMATS as EXPORT_FORMATS
+from .inference.export.ctranslate2 import QUANTIZATIONS
+from .inference.translator import ALPHA, BEAM_SIZE
+
+
+def _engine_option(parser):
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                        help="mxnet: the package's translator (default); ctranslate2: "
+                             "CTranslate2 on the CPU, over the model's export kept beside it "
+                             "(made on first use; attention maps still come from MXNet)")
+    parser.add_argument("--engine-threads", type=int, default=0, metavar="N",
+                        help="--engine ctranslate2: CTranslate2's threads (intra_threads); 0 "
+                             "(default): a quarter of the physical cores, 1 to 4 "
+                             "(docs/export.md); the mxnet engine ignores it")
+
+
+def get_parser(commands):
+    """The parser of every subcommand; `commands`: ``{name: function}``, the function each
+    command's arguments go to (``args.func``)."""
+    p = argparse.ArgumentParser(prog="d2l-transformer")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_translate_and_evaluate, _add_launch, _add_serve, _add_export,
+                _add_compare):
+        add(sub, commands)
+    p.description = (f"The Transformer of d2l 9.3 in MXNet: {', '.join(sub.choices)} (each "
+                     "command's options: d2l-transformer COMMAND --help).")
+    return p
+
+
+def _add_train(sub, commands):
+    t = sub.add_parser("train", help="train a model and keep it as a model directory")
+    t.add_argument("--preset", choices=sorted(PRESETS), default="chapter")
+    t.add_argument("--edition", choices=sorted(EDITIONS), default="0.11",
+                   help="the chapter of d2l 0.11 (2019), 0.17 (classic) or 1.0, with its data, "
+                        "sizes and loop (docs/editions.md)")
+    t.add_argument("--epochs", type=int, default=None, help="default: the preset's")
+    t.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--ctx", default="auto",
+                   help="auto, cpu, cpu:N, gpu, gpu:N, or a list: gpu:0,gpu:1 (data parallel)")
+    t.add_argument("--kvstore", choices=KVSTORES, default="device",
+                   help="device: the devices of --ctx in this process; dist_sync: several "
+                        "processes started by d2l-transformer launch")
+    t.add_argument("--imperative", action="store_true",
+                   help="train with the chapter's imperative loop instead of the default "
+                        "hybridized graph path (same numbers to float rounding, slower); "
+                        "--exact-chapter always uses it")
+    t.add_argument("--out", default="out/model", help="the model directory (checkpoints too)")
+    t.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                   help="save the model directory every N epochs (and at the end)")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from the checkpoint in --out")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the model directory --out if it holds one (without "
+                            "--resume or --overwrite an existing model is never replaced; a "
+                            "directory that is not a model directory never is)")
+    t.add_argument("--exact-chapter", action="store_true",
+                   help="the book's three bugs (trains on the chapter's imperative loop)")
+    t.add_argument("--data", default=None, help="path of fra-eng.zip")
+    t.add_argument("--config", metavar="FILE", default=None,
+                   help="a JSON object of config fields on top of the preset, e.g. "
+                        '{"lr": 0.001, "num_layers": 3} (see docs/usage.md)')
+    t.add_argument("--set", metavar="FIELD=VALUE", action="append", default=None,
+                   help="one config field on top of the preset and --config, e.g. --set "
+                        "warmup_steps=200 --set dropout=0.2 (repeatable)")
+    t.add_argument("--valid-every", type=int, default=None, metavar="N",
+                   help="validate every N epochs: valid loss and greedy BLEU on the first "
+                        "valid_sentences valid pairs, the best kept in OUT/best (default 1 "
+                        "for presets with a valid part; 0: never)")
+    t.add_argument("--patience", type=int, default=None, metavar="K",
+                   help="stop after K validations without a better valid BLEU")
+    t.add_argument("--average-last", type=int, default=None, metavar="N",
+                   help="also write OUT/average: the average of the last N epochs' parameters")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=commands["train"])
+
+
+def _add_translate_and_evaluate(sub, commands):
+    for name, text in (("translate", "translate English sentences"),
+                       ("evaluate", "BLEU and chrF of a model directory "
+                                    "(or of a file of translations)")):
+        e = sub.add_parser(name, help=text)
+        e.add_argument("--model", required=name == "translate",
+                       help="a model directory written by train")
+        e.add_argument("--beam", type=int, default=1 if name == "translate" else BEAM_SIZE,
+                       help="beam size (1: greedy)")
+        e.add_argument("--alpha", type=float, default=ALPHA, help="length penalty exponent")
+        e.add_argument("--ctx", default="auto")
+        _engine_option(e)
+        e.add_argument("--no-unk", action="store_true",
+                       help="never emit <unk> (always so for subword models; word models "
+                            "keep the chapter's default: <unk> may appear)")
+        e.set_defaults(func=commands[name])
+        if name == "translate":
+            e.add_argument("sentences", nargs="*", help="sentences (default: one per stdin line)")
+            e.add_argument("--attention", metavar="DIR", default=None,
+                           help="write attention heatmaps (PNG) of the first sentence into DIR")
+            e.add_argument("--attention-html", metavar="FILE", default=None,
+                           help="write the sentences' attention explorer as one HTML file")
+        else:
+            e.add_argument("--data", default=None, help="path of fra-eng.zip")
+            e.add_argument("--max-sentences", type=int, default=1000,
+                           help="evaluate at most N sentences of each set")
+            e.add_argument("--examples", type=int, default=0, help="print N example translations")
+            e.add_argument("--json", metavar="FILE", default=None,
+                           help="also write the scores and their signatures to FILE")
+            e.add_argument("--hyp", metavar="FILE", default=None,
+                           help="score this file of translations (one a line) against --ref, "
+                                "no model needed")
+            e.add_argument("--ref", metavar="FILE", nargs="+", default=None,
+                           help="the references of --hyp: one file, or several (a line of each "
+                                "is one more reference of that sentence)")
+            e.add_argument("--lowercase", action="store_true",
+                           help="case-insensitive scores (always so for lower-casing models)")
+
+
+def _add_launch(sub, commands):
+    la = sub.add_parser("launch", help="run a command as a dist_sync job (MXNet's launcher)",
+                        description="Run COMMAND as a dist_sync job: a scheduler, -s servers "
+                                    "and -n workers, e.g. d2l-transformer launch -n 2 -- "
+                                    "d2l-transformer train --kvstore dist_sync")
+    la.add_argument("-n", "--num-workers", type=int, required=True)
+    la.add_argument("-s", "--num-servers", type=int, default=1)
+    la.add_argument("--launcher", choices=LAUNCHERS, default="local")
+    la.add_argument("-H", "--hostfile", default=None, help="hosts, one per line (ssh, mpi)")
+    la.add_argument("--timeout", type=float, default=None, help="stop the job after S seconds")
+    la.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    la.set_defaults(func=commands["launch"])
+
+
+def _add_serve(sub, commands):
+    sv = sub.add_parser("serve", help="serve a model directory over HTTP: POST /translate, "
+                                      "the attention explorer at /, API docs at /docs")
+    sv.add_argument("--model", required=True, help="a model directory written by train")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--ctx", default="auto")
+    _engine_option(sv)
+    sv.add_argument("--allowed-hosts", default=None, metavar="HOST[,HOST...]",
+                    help="the Host headers to answer, any port ('*': any); default: localhost, "
+                         "127.0.0.1 and [::1] for a loopback --host, any for 0.0.0.0, else "
+                         "--host itself")
+    sv.add_argument("--api-key", default=os.environ.get("D2L_TRANSFORMER_API_KEY"), metavar="KEY",
+                    help="require this key (api_key) of every translation request; default: "
+                         "$D2L_TRANSFORMER_API_KEY, else none")
+    sv.set_defaults(func=commands["serve"])
+
+
+def _add_export(sub, commands):
+    x = sub.add_parser("export", help="write a model directory in MXNet's deployment format "
+                                      "(encoder and decoding-step graphs) or as a CTranslate2 "
+                                      "model (docs/export.md)")
+    x.add_argument("--model", required=True, help="a model directory written by train")
+    x.add_argument("--out", required=True, help="the export directory to write (a previous "
+                                                "export there is replaced)")
+    x.add_argument("--format", choices=EXPORT_FORMATS, default=DEFAULT_EXPORT_FORMAT,
+                   help="mxnet: MXNet graphs (default); ctranslate2: a CTranslate2 model "
+                        "directory (pip install 'd2l-transformer[ctranslate2]')")
+    x.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                   help="--format ctranslate2: CTranslate2's weight type (default float32)")
+    x.add_argument("--ctx", default="cpu")
+    x.set_defaults(func=commands["export"])
+
+
+def _add_compare(sub, commands):
+    c = sub.add_parser("compare", help="the book's output beside chapter runs")
+    c.add_argument("runs", nargs="*", help="model directories or chapter-script output directories "
+                   "(also scripts/chapter_oracle.py's: the chapter's own code)")
+    c.add_argument("--edition", choices=sorted(EDITIONS), default=None,
+                   help="only this edition's runs; with no run, what its book printed")
+    c.set_defaults(func=commands["compare"])
