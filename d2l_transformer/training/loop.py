@@ -6,13 +6,13 @@ import time
 
 import mxnet as mx
 import numpy as onp
-from mxnet import autograd, init
+from mxnet import init
 
 from .. import kernels
 from ..distributed.kvstore import GlobalSum, is_distributed
-from .loss import MaskedSoftmaxCELoss, step_size
-from .optim import clip_threshold, grad_clipping, make_trainer
-from .steps import _fast_step, _parallel_step
+from .loss import MaskedSoftmaxCELoss
+from .optim import make_trainer
+from .steps import _fast_step, _imperative_step, _parallel_step
 
 
 def set_seed(seed):
@@ -157,17 +157,7 @@ def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_t
                               clip_per_token)
     if fast:
         return _fast_step(model, trainer, loss, clip_per_token)
-
-    def step(X, X_vlen, Y_input, Y_label, Y_vlen):
-        with autograd.record():
-            Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
-            l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
-        l.backward()
-        num_tokens = step_size(loss, Y_vlen)
-        grad_clipping(model, clip_threshold(float(num_tokens), clip_per_token))
-        trainer.step(num_tokens)
-        return float(l.sum()), float(num_tokens)
-    return step
+    return _imperative_step(model, trainer, loss, clip_per_token)
 
 
 def _train_epoch(model, data_iter, step, ctxs, epoch, *, parallel, per_width, size_threads,

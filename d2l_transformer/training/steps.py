@@ -6,7 +6,7 @@ from mxnet import autograd, gluon
 from .. import _graphs, kernels
 from . import fused
 from .loss import MaskedSoftmaxCELoss, step_size
-from .optim import CLIP_THETA, ClipAdam, clip_global, clip_threshold
+from .optim import CLIP_THETA, ClipAdam, clip_global, clip_threshold, grad_clipping
 
 
 class TrainGraph(gluon.HybridBlock):
@@ -27,6 +27,22 @@ class TrainGraph(gluon.HybridBlock):
         state = self.decoder.init_state(enc_outputs, X_vlen)
         Y_hat, _ = self.decoder(Y_input, state)  # (batch, num_steps - 1, vocab)
         return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+
+
+def _imperative_step(model, trainer, loss, clip_per_token=False):
+    """The chapter's step (9.3.7, d2l's ``train_s2s_ch9``): forward and loss under
+    ``autograd.record``, backward, d2l's `grad_clipping` of the summed loss's gradient, then
+    ``trainer.step(num_tokens)``. Returns the batch's summed loss and its tokens, as floats."""
+    def step(X, X_vlen, Y_input, Y_label, Y_vlen):
+        with autograd.record():
+            Y_hat, _ = model(X, Y_input, X_vlen, Y_vlen)
+            l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+        l.backward()
+        num_tokens = step_size(loss, Y_vlen)
+        grad_clipping(model, clip_threshold(float(num_tokens), clip_per_token))
+        trainer.step(num_tokens)
+        return float(l.sum()), float(num_tokens)
+    return step
 
 
 def _graph(model, loss):
