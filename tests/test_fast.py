@@ -141,6 +141,23 @@ def test_same_seed_same_run_fast_and_faithful(data):
     onp.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
 
 
+def test_fast_training_leaves_the_callers_objects_their_classes(data):
+    """The fast path puts its kernels in the traced graph, not on the caller's objects: after
+    `train_s2s_ch8(fast=True)` every block of the model, and the loss, is of the class it was
+    built with, with no attribute of the seam's left on it."""
+    from d2l_transformer._graphs import walk
+
+    src_vocab, tgt_vocab, it = data
+    batches = [b for _, b in zip(range(2), it)]
+    model = d2t.build_model(d2t.TINY, len(src_vocab), len(tgt_vocab))
+    loss = d2t.MaskedSoftmaxCELoss(0.1, reduction="token")
+    built = [(block, type(block)) for block in walk(model)]
+    d2t.train_s2s_ch8(model, batches, 0.005, 1, CTX, fast=True, loss=loss)
+    assert [type(block) for block, _ in built] == [cls for _, cls in built]
+    assert type(loss) is d2t.MaskedSoftmaxCELoss
+    assert not any("sqrt_d" in vars(block) for block, _ in built)
+
+
 def test_fast_equals_faithful_with_d2l_1_0_mean_loss(data):
     """d2l 1.0's loss (one mean per batch, ``trainer.step(1)``) trains the same on both paths;
     several devices refuse it (each part would be its own mean)."""
@@ -234,7 +251,7 @@ def test_masked_softmax_in_graph_equals_imperative():
     Python float) gives the chapter's -1e6-fill attention: valid lengths of both shapes,
     causal with and without kept positions."""
     from d2l_transformer.model import causal_valid_length
-    from d2l_transformer.training.fused import GraphDotProductAttention, fuse
+    from d2l_transformer.training.fused import run
 
     X = mx.np.random.normal(size=(4, 3, 16))
     K = mx.np.random.normal(size=(4, 5, 16))
@@ -243,9 +260,11 @@ def test_masked_softmax_in_graph_equals_imperative():
         attention.initialize()
         args = (X, K, K) if valid_length is None else (X, K, K, valid_length)
         expected = attention(*args).asnumpy()
-        fuse(attention).hybridize()  # traced outside kernels.fused: MXNet's operators
-        assert type(attention.attention) is GraphDotProductAttention
-        onp.testing.assert_allclose(attention(*args).asnumpy(), expected, rtol=1e-6, atol=1e-6)
+        attention.hybridize()
+        got = run(attention, *args)  # traced outside kernels.fused: MXNet's operators
+        assert "softmax" in attention._cached_graph[1].tojson()
+        assert type(attention.attention) is d2t.DotProductAttention  # the class it was built with
+        onp.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from d2l_transformer import kernels
 from d2l_transformer.attention import MultiHeadAttention
 from d2l_transformer.layers import AddNorm
 from d2l_transformer.model import causal_valid_length
-from d2l_transformer.training.fused import fuse
+from d2l_transformer.training.fused import run
 
 COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")  # as kernels.build
 
@@ -47,8 +47,8 @@ class Norm(nn.HybridBlock):
 
 
 def _fused_addnorm(dropout=0.0):
-    """The chapter's AddNorm with the fast path's kernel put in place (`fuse`)."""
-    return fuse(AddNorm(dropout))
+    """The chapter's AddNorm; `run` puts the fast path's kernel in place where it traces it."""
+    return AddNorm(dropout)
 
 
 def _run(block, X, Y, dout, fused):
@@ -63,7 +63,7 @@ def _run(block, X, Y, dout, fused):
     X.attach_grad()
     Y.attach_grad()
     with autograd.record(), kernels.fused(mx.cpu() if fused else mx.gpu(0)):
-        out = block(X, Y)
+        out = run(block, X, Y)
     out.backward(dout)
     graph = block._cached_graph[1].tojson()
     return [out, X.grad, Y.grad, block.norm.gamma.grad(), block.norm.beta.grad()], graph
@@ -101,7 +101,8 @@ def test_not_fused_outside_the_scope_on_gpu_and_imperative():
     addnorm = _fused_addnorm()
     addnorm.initialize(ctx=mx.cpu())
     with kernels.fused(mx.cpu()):  # imperative calls never use the kernels
-        out = addnorm(X, Y)
+        out = run(addnorm, X, Y)
+    assert type(addnorm) is AddNorm  # after the call, the class it was built with
     ref = nn.LayerNorm()
     ref.initialize(ctx=mx.cpu())
     onp.testing.assert_array_equal(out.asnumpy(), ref(Y + X).asnumpy())
@@ -113,7 +114,7 @@ def test_shape_mismatch_is_an_error():
     block.initialize(ctx=mx.cpu())
     block.hybridize()
     with kernels.fused(mx.cpu()), pytest.raises((mx.MXNetError, ValueError), match="same shape"):
-        block(np.ones((2, 3, 32)), np.ones((2, 4, 32)))
+        run(block, np.ones((2, 3, 32)), np.ones((2, 4, 32)))
 
 
 def _python(code, **env):
@@ -130,10 +131,10 @@ def test_disabled_or_unbuildable_falls_back_with_one_line(tmp_path):
     # and gives nn.LayerNorm's numbers
     code += ("\nimport mxnet as mx\nfrom mxnet import np\nfrom mxnet.gluon import nn\n"
              "from d2l_transformer.layers import AddNorm\n"
-             "from d2l_transformer.training.fused import fuse\n"
+             "from d2l_transformer.training.fused import run\n"
              "X = np.arange(24, dtype='float32').reshape(2, 3, 4) ** 1.5\n"
-             "ours, ref = fuse(AddNorm(0.0)), nn.LayerNorm()\nours.initialize(); ref.initialize()\n"
-             "ours.hybridize()\nwith kernels.fused(mx.cpu()):\n    got = ours(X, X)\n"
+             "ours, ref = AddNorm(0.0), nn.LayerNorm()\nours.initialize(); ref.initialize()\n"
+             "ours.hybridize()\nwith kernels.fused(mx.cpu()):\n    got = run(ours, X, X)\n"
              "graph = ours._cached_graph[1].tojson()\n"
              "print('mxnet op', 'LayerNorm' in graph and 'd2t_' not in graph)\n"
              "print('max diff', float(abs(got - ref(X + X)).max()))")
@@ -150,7 +151,7 @@ def _attention_run(query, key, valid_length, fused, dout):
     ops) or with the kernel put in place and hybridized inside `kernels.fused`; output and
     gradients of inputs and weights."""
     mx.random.seed(0)
-    attention = fuse(MultiHeadAttention(32, 4, 0.0)) if fused else MultiHeadAttention(32, 4, 0.0)
+    attention = MultiHeadAttention(32, 4, 0.0)
     attention.initialize(mx.init.Xavier(), ctx=mx.cpu())
     attention(query, key, key, valid_length)  # deferred init, same seed: same weights
     if fused:
@@ -160,10 +161,11 @@ def _attention_run(query, key, valid_length, fused, dout):
     key.attach_grad()
     args = (query, key, key) if valid_length is None else (query, key, key, valid_length)
     with autograd.record(), kernels.fused(mx.cpu()):
-        out = attention(*args)
+        out = run(attention, *args) if fused else attention(*args)
     out.backward(dout)
     if fused:
         assert "d2t_attention" in attention._cached_graph[1].tojson()
+        assert type(attention) is MultiHeadAttention  # the graph keeps the kernel, not the object
     return [out, query.grad, key.grad] + [p.grad() for p in attention.collect_params().values()]
 
 
@@ -284,16 +286,16 @@ def test_attention_dropout_inactive_at_inference():
     query = np.array(rng.normal(size=(6, 5, 32)), dtype="float32")
     valid_length = np.array([5, 2, 1, 4, 3, 5])
     mx.random.seed(0)
-    attention = fuse(MultiHeadAttention(32, 4, 0.4))
+    attention = MultiHeadAttention(32, 4, 0.4)
     attention.initialize(mx.init.Xavier(), ctx=mx.cpu())
     expected = attention(query, query, query, valid_length)  # imperative, not training
     attention.hybridize(static_alloc=True, static_shape=True)
     with kernels.fused(mx.cpu()):
-        got = attention(query, query, query, valid_length)
+        got = run(attention, query, query, query, valid_length)
         with autograd.record(train_mode=False):
-            got_recorded = attention(query, query, query, valid_length)
+            got_recorded = run(attention, query, query, query, valid_length)
         with autograd.record():
-            trained = attention(query, query, query, valid_length)
+            trained = run(attention, query, query, query, valid_length)
     assert "d2t_attention" in attention._cached_graph[1].tojson()
     for out in (got, got_recorded):
         onp.testing.assert_allclose(out.asnumpy(), expected.asnumpy(), atol=2e-6, rtol=1e-5)
@@ -355,9 +357,9 @@ def test_addnorm_dropout_fused_in_graphs_and_inactive_at_inference():
     expected = addnorm(X, Y)  # imperative, not training: no dropout
     addnorm.hybridize(static_alloc=True, static_shape=True)
     with kernels.fused(mx.cpu()):
-        got = addnorm(X, Y)
+        got = run(addnorm, X, Y)
         with autograd.record():
-            trained = addnorm(X, Y)
+            trained = run(addnorm, X, Y)
     nodes = json.loads(addnorm._cached_graph[1].tojson())["nodes"]
     ops = [n["op"] for n in nodes]
     assert ops.count("d2t_add_layer_norm") == 1 and ops.count("Dropout") == 1  # the train flag's
@@ -472,11 +474,11 @@ def test_fast_full_step_equals_the_imperative_step():
     for dropout in (0.0, cfg.dropout):
         model = d2t.build_model(cfg.replace(dropout=dropout), src_vocab, tgt_vocab)
         model.initialize(mx.init.Xavier(), ctx=mx.cpu())
-        graph = fuse(TrainGraph(model, MaskedSoftmaxCELoss(0.1, reduction="token")))
+        graph = TrainGraph(model, MaskedSoftmaxCELoss(0.1, reduction="token"))
         graph.hybridize(static_alloc=True, static_shape=True)
         X, X_vlen, Y, Y_vlen = batches[0]
         with autograd.record(), kernels.fused(mx.cpu()):
-            graph(X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
+            run(graph, X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
         ops = [node["op"] for node in json.loads(graph._cached_graph[1].tojson())["nodes"]]
         assert {"d2t_attention", "d2t_add_layer_norm", "d2t_softmax_ce"} <= set(ops)
         assert "log_softmax" not in ops and "batch_dot" not in ops

@@ -1,9 +1,11 @@
-"""The fast path's one seam: `fuse(graph)` puts the fused CPU kernels (`kernels/`) in place.
+"""The fast path's one seam: `run(graph, ...)` puts the fused CPU kernels (`kernels/`) in place.
 
-`fuse` gives the chapter's `MultiHeadAttention`, `AddNorm` and `DotProductAttention` blocks, and
-the loss, subclasses that run a kernel where a graph traced inside ``kernels.fused(ctx)`` on a
-CPU computes the same function, and the chapter's own code everywhere else (imperative calls,
-GPU contexts, kernels switched off). The chapter's files do not know this module.
+While a graph traces, `run` gives the chapter's `MultiHeadAttention`, `AddNorm` and
+`DotProductAttention` blocks in it, and the loss, subclasses that run a kernel where a graph
+traced inside ``kernels.fused(ctx)`` on a CPU computes the same function, and the chapter's own
+code everywhere else (imperative calls, GPU contexts, kernels switched off); once traced, each
+block is again of its own class (the graph keeps the kernels). The chapter's files do not know
+this module.
 
 * attention with valid lengths (every attention of the chapter's training graph):
   ``transpose_qkv``, scores / sqrt(d), the masked softmax, the weights' dropout, the weighted
@@ -16,6 +18,7 @@ GPU contexts, kernels switched off). The chapter's files do not know this module
 Variants' blocks (other subclasses) are left as they are: MXNet's operators.
 """
 
+import contextlib
 import math
 
 import mxnet as mx
@@ -89,22 +92,38 @@ _FUSED = {MultiHeadAttention: FusedMultiHeadAttention, AddNorm: FusedAddNorm,
           MaskedSoftmaxCELoss: FusedMaskedSoftmaxCELoss}
 
 
-def fuse(graph):
-    """Give every chapter block in `graph` (exactly of the chapter's class) its fused subclass;
-    returns `graph`. Parameters, names and imperative results are unchanged."""
+@contextlib.contextmanager
+def _kernels_in_place(graph):
+    """While `graph` traces: every chapter block in it (exactly of the chapter's class) as its
+    fused subclass, with the scalar sqrt(d) its attention needs. After, every block is again
+    of the class its owner built: the traced graph keeps the kernels, the user's objects do not
+    change type."""
+    swapped, scaled = [], {}
     for block in _graphs.walk(graph):
         if isinstance(block, MultiHeadAttention):  # d of the heads, for the scalar sqrt(d)
             block.attention.sqrt_d = math.sqrt(block.W_o._units // block.num_heads)
+            scaled[id(block.attention)] = block.attention
         if type(block) in _FUSED:
+            swapped.append((block, type(block)))
             block.__class__ = _FUSED[type(block)]
-    return graph
+    try:
+        yield graph
+    finally:
+        for block, cls in swapped:
+            block.__class__ = cls
+        for block in scaled.values():
+            del block.sqrt_d
 
 
 def run(graph, *args):
-    """``graph(*args)``, traced again first if the kernels were switched since its trace
-    (``D2L_TRANSFORMER_KERNELS``, a CPU or GPU context)."""
+    """``graph(*args)``, the chapter's blocks in it fused while it traces (`_kernels_in_place`);
+    traced again first if the kernels were switched since its trace (``D2L_TRANSFORMER_KERNELS``,
+    a CPU or GPU context). A graph not hybridized runs the chapter's code."""
     mode = kernels.active()
     if getattr(graph, "_traced_with_kernels", mode) != mode:
         graph._clear_cached_op()
     graph._traced_with_kernels = mode
-    return graph(*args)
+    if graph._cached_op is not None:  # traced already: the kernels are in the graph
+        return graph(*args)
+    with _kernels_in_place(graph):
+        return graph(*args)

@@ -13,7 +13,7 @@ class TrainGraph(gluon.HybridBlock):
     """Fast path: the encoder, the decoder's call on a fresh state and the loss as ONE graph.
 
     Holds the model's own encoder and decoder (no copied model code); returns the (batch,) loss.
-    The fused kernels are put in place by `fused.fuse` where the graph is built.
+    The fused kernels are put in place while it traces (`fused.run`).
     """
 
     def __init__(self, model, loss=None, **kwargs):
@@ -48,7 +48,7 @@ def _imperative_step(model, trainer, loss, clip_per_token=False):
 def _graph(model, loss):
     """The hybridized `TrainGraph` with the kernels in place, traced again when a block in it
     changes (`_graphs`: DropHead rate, pruning)."""
-    graph = _graphs.track(fused.fuse(TrainGraph(model, loss)))
+    graph = _graphs.track(TrainGraph(model, loss))
     graph.hybridize(static_alloc=True, static_shape=True)
     return graph
 
