@@ -140,9 +140,11 @@ class ClipAdam:
 
 
 def grad_clipping(model, theta):
-    """Scale all gradients so that their global L2 norm is at most theta (d2l)."""
+    """Scale all gradients so that their global L2 norm is at most theta (d2l). `theta` may be
+    a device array (`clip_threshold` per token): read after the norm, which waits anyway."""
     params = [p.data() for p in model.collect_params().values() if p.grad_req != "null"]
     norm = math.sqrt(sum((p.grad ** 2).sum() for p in params))
+    theta = theta if isinstance(theta, (int, float)) else float(theta)
     if norm > theta:
         for param in params:
             param.grad[:] *= theta / norm

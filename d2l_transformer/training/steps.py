@@ -39,7 +39,7 @@ def _imperative_step(model, trainer, loss, clip_per_token=False):
             l = loss(Y_hat, Y_label, Y_vlen)  # (batch,)
         l.backward()
         num_tokens = step_size(loss, Y_vlen)
-        grad_clipping(model, clip_threshold(float(num_tokens), clip_per_token))
+        grad_clipping(model, clip_threshold(num_tokens, clip_per_token))  # no sync before it
         trainer.step(num_tokens)
         return float(l.sum()), float(num_tokens)
     return step
