@@ -32,6 +32,13 @@ def track(graph):
     return graph
 
 
+def track_copy(copy, original):
+    """Register `copy`, a graph built from `original`'s blocks, as containing every one of them:
+    a change to one of the caller's blocks clears the copy's graph too."""
+    for inner in walk(original):
+        _CONTAINERS.setdefault(inner, weakref.WeakSet()).add(copy)
+
+
 def invalidate(block):
     """`block` computes something else now: drop its graph and every tracked one containing it."""
     block._clear_cached_op()

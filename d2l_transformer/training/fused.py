@@ -1,11 +1,11 @@
 """The fast path's one seam: `run(graph, ...)` puts the fused CPU kernels (`kernels/`) in place.
 
-While a graph traces, `run` gives the chapter's `MultiHeadAttention`, `AddNorm` and
-`DotProductAttention` blocks in it, and the loss, subclasses that run a kernel where a graph
-traced inside ``kernels.fused(ctx)`` on a CPU computes the same function, and the chapter's own
-code everywhere else (imperative calls, GPU contexts, kernels switched off); once traced, each
-block is again of its own class (the graph keeps the kernels). The chapter's files do not know
-this module.
+`run` calls a graph's own copy (`_mirror`): the chapter's `MultiHeadAttention`, `AddNorm` and
+`DotProductAttention` blocks in it, and the loss, become new blocks of subclasses that run a
+kernel where a graph traced inside ``kernels.fused(ctx)`` on a CPU computes the same function,
+and the chapter's own code everywhere else (imperative calls, GPU contexts, kernels switched
+off), sharing the caller's parameters. The caller's blocks keep their class and state. The
+chapter's files do not know this module.
 
 * attention with valid lengths (every attention of the chapter's training graph):
   ``transpose_qkv``, scores / sqrt(d), the masked softmax, the weights' dropout, the weighted
@@ -18,10 +18,12 @@ this module.
 Variants' blocks (other subclasses) are left as they are: MXNet's operators.
 """
 
-import contextlib
 import math
+import weakref
+from collections import OrderedDict
 
 import mxnet as mx
+from mxnet.gluon import Block, HybridBlock
 
 from .. import _graphs, kernels
 from ..attention import DotProductAttention, MultiHeadAttention
@@ -37,7 +39,7 @@ def _kernels_on(F):
 class GraphDotProductAttention(DotProductAttention):
     """In a graph: sqrt(d) as a Python float and one ``softmax(length=...)``."""
 
-    sqrt_d = None  # set by `fuse` from the attention holding this block
+    sqrt_d = None  # set by `_mirror` from the attention holding this block
 
     def hybrid_forward(self, F, query, key, value, valid_length=None):
         if F is mx.nd:
@@ -92,38 +94,52 @@ _FUSED = {MultiHeadAttention: FusedMultiHeadAttention, AddNorm: FusedAddNorm,
           MaskedSoftmaxCELoss: FusedMaskedSoftmaxCELoss}
 
 
-@contextlib.contextmanager
-def _kernels_in_place(graph):
-    """While `graph` traces: every chapter block in it (exactly of the chapter's class) as its
-    fused subclass, with the scalar sqrt(d) its attention needs. After, every block is again
-    of the class its owner built: the traced graph keeps the kernels, the user's objects do not
-    change type."""
-    swapped, scaled = [], {}
-    for block in _graphs.walk(graph):
-        if isinstance(block, MultiHeadAttention):  # d of the heads, for the scalar sqrt(d)
-            block.attention.sqrt_d = math.sqrt(block.W_o._units // block.num_heads)
-            scaled[id(block.attention)] = block.attention
-        if type(block) in _FUSED:
-            swapped.append((block, type(block)))
-            block.__class__ = _FUSED[type(block)]
-    try:
-        yield graph
-    finally:
-        for block, cls in swapped:
-            block.__class__ = cls
-        for block in scaled.values():
-            del block.sqrt_d
+_MIRRORS = weakref.WeakKeyDictionary()  # graph -> (the graph `run` calls, the kernels' mode)
+
+
+def _mirror(block, memo):
+    """The fast graph's own copy of `block`: `block` itself where nothing under it is fused;
+    else a new block of its fused class (or its own) with `block`'s state and parameters (the
+    same Parameter objects) and its children mirrored. The caller's blocks are not changed."""
+    if id(block) in memo:
+        return memo[id(block)]
+    children = OrderedDict((n, _mirror(c, memo)) for n, c in block._children.items())
+    cls = _FUSED.get(type(block), type(block))
+    if cls is type(block) and all(c is block._children[n] for n, c in children.items()):
+        memo[id(block)] = block
+        return block
+    copy = cls.__new__(cls)
+    copy.__dict__.update(block.__dict__)
+    swap = {id(block._children[n]): c for n, c in children.items()}
+    for name, value in block.__dict__.items():
+        if isinstance(value, Block) and id(value) in swap:  # self.attention = ... -> the copy
+            copy.__dict__[name] = swap[id(value)]
+    copy.__dict__["_children"] = children
+    if isinstance(copy, HybridBlock):
+        copy._clear_cached_op()  # its own graph, traced with the kernels
+    if isinstance(copy, MultiHeadAttention) and isinstance(copy.attention,
+                                                          GraphDotProductAttention):
+        copy.attention.sqrt_d = math.sqrt(copy.W_o._units // copy.num_heads)  # d of the heads
+    memo[id(block)] = copy
+    return copy
+
+
+def traced(graph):
+    """The graph `run` calls for `graph`: its mirror with the kernels (or `graph` itself when
+    nothing in it is fused), or None before the first `run`."""
+    return _MIRRORS.get(graph, (None, None))[0]
 
 
 def run(graph, *args):
-    """``graph(*args)``, the chapter's blocks in it fused while it traces (`_kernels_in_place`);
-    traced again first if the kernels were switched since its trace (``D2L_TRANSFORMER_KERNELS``,
-    a CPU or GPU context). A graph not hybridized runs the chapter's code."""
+    """``graph(*args)`` on the fast graph's own blocks (`_mirror`): the chapter's blocks in it
+    fused, sharing `graph`'s parameters; made again when the kernels were switched since its
+    trace (``D2L_TRANSFORMER_KERNELS``, a CPU or GPU context) or a block changed
+    (`_graphs.invalidate`). A graph not hybridized runs the chapter's code."""
     mode = kernels.active()
-    if getattr(graph, "_traced_with_kernels", mode) != mode:
-        graph._clear_cached_op()
-    graph._traced_with_kernels = mode
-    if graph._cached_op is not None:  # traced already: the kernels are in the graph
-        return graph(*args)
-    with _kernels_in_place(graph):
-        return graph(*args)
+    mirror, traced_with = _MIRRORS.get(graph, (None, None))
+    if mirror is None or traced_with != mode or getattr(mirror, "_cached_op", None) is None:
+        mirror = _mirror(graph, {})
+        if mirror is not graph:
+            _graphs.track_copy(mirror, graph)
+        _MIRRORS[graph] = (mirror, mode)
+    return mirror(*args)
