@@ -1,6 +1,6 @@
 """Cached graphs stay fresh when a block they contain changes what it computes.
 
-A hybridized block traces its computation once (`HybridBlock._cached_op`). A block that changes
+A hybridized block traces its computation once (`_gluon.has_graph`). A block that changes
 its own computation (the variants' `set_drophead` and `prune`) can clear its own graph, but not
 the graph of a block that contains it — the fast training step's `TrainGraph`, the translator's
 encoder and step graphs. Here:
@@ -13,20 +13,24 @@ encoder and step graphs. Here:
 
 import weakref
 
+from mxnet.gluon import HybridBlock
+
+from . import _gluon
+
 _CONTAINERS = weakref.WeakKeyDictionary()  # block -> WeakSet of tracked blocks containing it
 
 
 def walk(block):
-    """`block` and all its descendants."""
-    yield block
-    for child in block._children.values():
-        yield from walk(child)
+    """`block` and all its descendants (Gluon's ``Block.apply``: each child before its parent)."""
+    found = []
+    block.apply(found.append)
+    return found
 
 
 def track(graph):
     """Register `graph` and each hybrid block inside it as containing their descendants."""
     for outer in walk(graph):
-        if hasattr(outer, "_clear_cached_op"):  # a HybridBlock: it may hold a graph
+        if isinstance(outer, HybridBlock):  # it may hold a graph
             for inner in walk(outer):
                 _CONTAINERS.setdefault(inner, weakref.WeakSet()).add(outer)
     return graph
@@ -41,7 +45,7 @@ def track_copy(copy, original):
 
 def invalidate(block):
     """`block` computes something else now: drop its graph and every tracked one containing it."""
-    block._clear_cached_op()
+    _gluon.clear_graph(block)
     for outer in list(_CONTAINERS.get(block, ())):
-        outer._clear_cached_op()
+        _gluon.clear_graph(outer)
 

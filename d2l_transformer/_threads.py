@@ -12,9 +12,12 @@ So, before MXNet is imported (`configure`, called first thing by the package), t
 ``OMP_NUM_THREADS=1``: MXNet then asks OpenMP, per engine thread, how many threads to use,
 instead of fixing the number. Work whose output layer multiplies more than `BIG_WORK`
 multiply-adds per call (`threads_for`) then switches the engine's CPU worker to every physical
-core and back (`kernels.use_threads`, an operator of the kernel library that runs on that
-thread). Without the kernels (no compiler) everything stays on one thread, MXNet's choice on
-this machine.
+core and back. `size_for(work)` is the one door, for the training loop and the translator:
+the rule is `threads_for`, the switch the kernel library's ``d2t_omp_threads`` operator, which
+runs on that thread (MXNet has no call for it: ``omp_set_num_threads`` from Python sets the
+calling thread's count only); `kernels` hands it over at import (`set_switch`), the arrows
+pointing down. Without the kernels (no compiler) everything stays on one thread, MXNet's
+choice on this machine.
 
 ``D2L_TRANSFORMER_THREADS``: ``auto`` (the default, as above), a number N (always N threads),
 or ``mxnet`` (leave MXNet's own choice alone); ``D2L_TRANSFORMER_MAX_THREADS`` caps what
@@ -32,7 +35,9 @@ ENV = "D2L_TRANSFORMER_THREADS"
 MAX_ENV = "D2L_TRANSFORMER_MAX_THREADS"  # the most `auto` uses (the local launcher shares cores)
 _MARK = "D2L_TRANSFORMER_OMP_SET"  # our own OMP_NUM_THREADS, inherited by child processes
 BIG_WORK = 1 << 24  # multiply-adds of one output-layer call from which every core pays
-_state = {"managed": False}
+_state = {"managed": False,  # OMP_NUM_THREADS is ours (`configure`)
+          "threads": 1,  # the count in force on the engine's CPU worker
+          "switch": None}  # `set_switch`'s: sets that count, True once done
 
 
 def physical_cores():
@@ -94,3 +99,27 @@ def threads_for(work):
         return 1
     cap = os.environ.get(MAX_ENV, "").strip()
     return max(1, min(physical_cores(), int(cap))) if cap.isdigit() else physical_cores()
+
+
+def set_switch(switch):
+    """Register ``switch(n) -> bool``, which sets the engine's CPU worker's OpenMP threads to n
+    (in order with the operators before and after it) and returns False when it cannot: the
+    kernel library's, at its import (`kernels`)."""
+    _state["switch"] = switch
+
+
+def size_for(work):
+    """Run the CPU operators that follow with the threads `threads_for(work)` asks for (one for
+    small work, every physical core for big), where this package manages the threads and the
+    switch works; else leave them alone. `work`: the multiply-adds of the biggest product of
+    one call (the output layer's rows x hidden x vocabulary). Returns the thread count now in
+    force, or None when it is not ours to set."""
+    n = threads_for(work)
+    if n is None:
+        return None
+    if n != _state["threads"]:
+        switch = _state["switch"]
+        if switch is None or not switch(n):
+            return None
+        _state["threads"] = n
+    return n

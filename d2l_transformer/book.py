@@ -1,4 +1,5 @@
-"""The book's printed output for 9.3, and the side-by-side table against our runs."""
+"""The book's printed output for 9.3, and the side-by-side tables against our runs (the 2019
+book's seq2seq models' runs in tables of their own)."""
 
 import json
 import os
@@ -99,7 +100,32 @@ def agreements(runs):
     """`agreement` lines for every (chapter's code, exact run) pair of one edition in `runs`."""
     return [agreement(c, s) for title, c in runs if title.startswith(CHAPTER_CODE)
             for t, s in runs if not t.startswith(CHAPTER_CODE) and s.get("exact_chapter")
-            and s.get("edition", "0.11") == c.get("edition", "0.11")]
+            and s.get("edition", "0.11") == c.get("edition", "0.11")
+            and architecture(s) == architecture(c)]
+
+
+def architecture(summary):
+    """A run's model: the chapter's ``transformer`` (runs written before there was a choice
+    say nothing), 8.14's ``seq2seq`` or 9.2's ``attention``."""
+    return summary.get("architecture", "transformer")
+
+
+SECTIONS = {"seq2seq": "8.14 Sequence to Sequence", "attention": "9.2 Sequence to Sequence "
+            "with Attention Mechanisms"}
+
+
+def section_table(name, runs):
+    """The runs of one of the 2019 book's seq2seq models side by side: loss, each of the four
+    sentences' translation, tokens/sec, context (this package holds no printed output of those
+    sections to put beside them)."""
+    header = [""] + [title for title, _ in runs]
+    rows = [["loss (book units)"] + [f"{s['loss']:.3f}" for _, s in runs],
+            ["loss per token"] + [f"{s['loss_per_token']:.3f}" for _, s in runs]]
+    rows += [[sentence] + [s["translations"].get(sentence, "") for _, s in runs]
+             for sentence in SENTENCES]
+    rows.append(["tokens/sec"] + [f"{s['tokens_per_sec']:.0f}" for _, s in runs])
+    rows.append(["context"] + [s["ctx"] for _, s in runs])
+    return f"{SECTIONS[name]} (d2l 0.11.4):\n" + _table(header, rows)
 
 
 # the later editions' prediction cells: English sentence -> the French reference of d2l's bleu
@@ -206,10 +232,15 @@ def compare(runs, edition=None):
         raise ValueError("give runs to compare, or --edition E for what that edition's book "
                          "printed")
     blocks = []
+    chapter = [(t, s) for t, s in runs if architecture(s) == "transformer"]
     for name in EDITIONS if edition is None else [edition]:
-        mine = [(t, s) for t, s in runs if s.get("edition", "0.11") == name]
+        mine = [(t, s) for t, s in chapter if s.get("edition", "0.11") == name]
         if mine or name == edition:
             blocks.append(compare_table(mine) if name == "0.11" else edition_table(name, mine))
+    for name in SECTIONS:
+        mine = [(t, s) for t, s in runs if architecture(s) == name]
+        if mine:
+            blocks.append(section_table(name, mine))
     return "\n".join(["\n\n".join(blocks)] + agreements(runs) + cpu_math_lines(runs))
 
 

@@ -141,7 +141,8 @@ def _train_config(args):
         if args.resume:
             cfg = resume_overrides(checkpoint.load_config(args.out), overrides)
         else:
-            cfg = preset_config(args.preset, args.edition).with_overrides(overrides)
+            cfg = preset_config(args.preset, args.edition, args.architecture).with_overrides(
+                overrides)
     except ValueError as e:
         if isinstance(e, checkpoint.CheckpointError):
             raise

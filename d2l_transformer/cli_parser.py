@@ -6,7 +6,7 @@ commands' modules: `cli` hands it the functions (`get_parser(commands)`).
 import argparse
 import os
 
-from .config import EDITIONS, PRESETS
+from .config import ARCHITECTURES, EDITIONS, PRESETS
 from .distributed.kvstore import KVSTORES
 from .distributed.launch import LAUNCHERS
 from .inference.engines import DEFAULT_ENGINE, ENGINES
@@ -46,6 +46,9 @@ def _add_train(sub, commands):
     t.add_argument("--edition", choices=sorted(EDITIONS), default="0.11",
                    help="the chapter of d2l 0.11 (2019), 0.17 (classic) or 1.0, with its data, "
                         "sizes and loop (docs/editions.md)")
+    t.add_argument("--architecture", choices=ARCHITECTURES, default="transformer",
+                   help="the chapter's transformer, or the 2019 book's earlier models: 8.14's "
+                        "LSTM seq2seq, 9.2's seq2seq with attention (docs/exercises.md)")
     t.add_argument("--epochs", type=int, default=None, help="default: the preset's")
     t.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
     t.add_argument("--seed", type=int, default=0)

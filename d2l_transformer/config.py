@@ -23,13 +23,18 @@ class TransformerConfig:
     num_examples: Optional[int] = 1000  # d2l keeps lines 0..num_examples: 1001 pairs; None: all
     exact_chapter: bool = False  # True: the book's bugs, bit for bit
     edition: str = "0.11"  # whose chapter: d2l 0.11 (2019), 0.17 (classic) or 1.0 (EDITIONS)
+    # which model: the chapter's "transformer", or the 2019 book's earlier ones, 8.14's LSTM
+    # "seq2seq" and 9.2's "attention" (seq2seq with MLP attention); only those two read:
+    architecture: str = "transformer"
+    rnn_hidden_size: int = 32  # the LSTMs' num_hiddens (8.14, 9.2: 32)
     # the literature's variants (defaults = the chapter); read only by model.build_model
     pre_norm: bool = False
-    norm: str = "layer"  # "layer" or "scale" (ScaleNorm)
+    norm: str = "layer"  # "layer", "scale" (ScaleNorm), "batch" or "masked_batch" (BatchNorm)
     fixnorm: bool = False
     layerdrop: float = 0.0
     drophead: float = 0.0
     fused_qkv: bool = False
+    pos_encoding: str = "sincos"  # the chapter's; "none", "learned" or "alibi" (ALiBi)
     # beyond the chapter (the `full` preset); the defaults keep the chapter's run unchanged
     min_freq: int = 3  # d2l's vocabulary threshold
     label_smoothing: float = 0.0  # paper 5.4: 0.1
@@ -56,8 +61,18 @@ class TransformerConfig:
     @property
     def bugs(self):
         """The book's bugs this config's model and training keep, by switch name (`BUGS`): its
-        edition's (`EXACT_BUGS`) with ``exact_chapter``, none otherwise."""
-        return EXACT_BUGS[self.edition] if self.exact_chapter else ()
+        exact run's (`EXACT_BUGS`: the Transformer's by edition, a seq2seq model's by its name)
+        with ``exact_chapter``, none otherwise."""
+        if not self.exact_chapter:
+            return ()
+        return EXACT_BUGS[self.edition if self.architecture == "transformer" else self.architecture]
+
+    @property
+    def imperative_only(self):
+        """Whether this config trains on the chapter's imperative loop alone, with the book's
+        code's threads: an exact run (its bugs live in the imperative code) or a seq2seq model
+        (its encoder and 9.2's decoder step through time in Python, as the book's)."""
+        return self.exact_chapter or self.architecture != "transformer"
 
     def replace(self, **changes):
         """A copy with some fields changed (the dataclass is frozen)."""
@@ -84,7 +99,7 @@ class TransformerConfig:
         """`self` when its values make sense together, else a one-line ValueError."""
         problems = []
         for name in ("embedding_size", "ffn_hidden_size", "num_heads", "num_layers", "batch_size",
-                     "num_steps", "num_epochs", "min_freq", "valid_sentences"):
+                     "num_steps", "num_epochs", "min_freq", "valid_sentences", "rnn_hidden_size"):
             least = 0 if name == "min_freq" else 1
             if getattr(self, name) < least:
                 problems.append(f"{name} must be at least {least}")
@@ -104,10 +119,14 @@ class TransformerConfig:
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
+        if self.norm == "masked_batch" and self.edition == "1.0":  # variants_norm.PAD_ID
+            problems.append("norm masked_batch finds <pad> at id 1: not in edition 1.0's vocabularies")
         if self.edition != "0.11" and (self.tokenizer != "word" or self.num_buckets
                                        or self.num_test or (self.num_valid and self.edition != "1.0")):
             problems.append(f"edition {self.edition} is that chapter's word-level run: no "
                             "subwords, buckets or held-out parts of ours")
+        if self.architecture != "transformer" and self.edition != "0.11":
+            problems.append(f"the {self.architecture} model is the 2019 book's (edition 0.11)")
         if self.tokenizer == "subword" and self.vocab_size < 1:
             problems.append("the subword tokenizer needs vocab_size >= 1")
         if problems:
@@ -130,9 +149,11 @@ class TransformerConfig:
         return cls(**data)
 
 
-_CHOICES = {"norm": ("layer", "scale"), "tokenizer": ("word", "subword"),
+ARCHITECTURES = ("transformer", "seq2seq", "attention")  # the chapter's, 8.14's, 9.2's
+_CHOICES = {"norm": ("layer", "scale", "batch", "masked_batch"), "tokenizer": ("word", "subword"),
+            "pos_encoding": ("sincos", "none", "learned", "alibi"),
             "loss_reduction": ("book", "token"), "split_by": ("source", "pair"),
-            "edition": ("0.11", "0.17", "1.0")}
+            "edition": ("0.11", "0.17", "1.0"), "architecture": ARCHITECTURES}
 # what a resumed run may change: the schedule and regularisation, not the model or its data
 RESUMABLE = ("num_epochs", "lr", "warmup_steps", "dropout", "layerdrop", "drophead",
              "label_smoothing", "beta1", "beta2", "epsilon", "clip_per_token", "valid_sentences")
@@ -257,22 +278,41 @@ BUGS = {
     "restart_positions": "bug 3: every prediction step adds position 0",
     "mask_in_training_only": "the decoder's causal mask only under autograd.is_training()",
     "loss_over_padding": "d2l 1.0's loss: the mean over every position, <pad> included",
+    "state_after_padding": "8.14 (a, b): the LSTM encoder's state (the decoder's first) after "
+                           "the padding steps",
+    "tanh_before_sum": "9.1 (c): MLPAttention's tanh inside each projection: the query is ignored",
 }
-EXACT_BUGS = {
+EXACT_BUGS = {  # the Transformer's exact runs by edition, the 2019 seq2seq models' by name
     "0.11": ("decoder_vocab_from_source", "tile_valid_lengths", "restart_positions",
              "mask_in_training_only"),
     "0.17": ("restart_positions", "mask_in_training_only"),
     "1.0": ("restart_positions", "mask_in_training_only", "loss_over_padding"),
+    "seq2seq": ("state_after_padding",),
+    "attention": ("state_after_padding", "tanh_before_sum"),
 }
 
+# The 2019 book's earlier models in their sections' settings (8.14: 300 epochs, 9.2: 200; embed
+# 32, hidden 32, 2 layers, dropout 0, batch 64, 10 steps, lr 0.005, as the chapter); on the
+# other presets their LSTMs are half the Transformer's FFN wide, as 32 is the chapter's 64's half
+SECTIONS = {"seq2seq": CHAPTER.replace(architecture="seq2seq", num_epochs=300),
+            "attention": CHAPTER.replace(architecture="attention", num_epochs=200)}
 
-def preset_config(preset, edition="0.11"):
-    """The config ``train --preset P --edition E`` starts from: an edition is a chapter run, so
-    a later edition takes only the chapter preset (ValueError, one line, otherwise)."""
-    if edition != "0.11" and preset != "chapter":
+
+def preset_config(preset, edition="0.11", architecture="transformer"):
+    """The config ``train --preset P --edition E --architecture A`` starts from: an edition is a
+    chapter run, so a later edition takes only the chapter preset and the Transformer
+    (ValueError, one line, otherwise); a seq2seq model's chapter preset is its section's
+    (`SECTIONS`), another preset gets LSTMs of ``ffn_hidden_size // 2`` units."""
+    if edition != "0.11" and (preset != "chapter" or architecture != "transformer"):
         raise ValueError(f"--edition {edition} is that edition's chapter run: it takes no "
-                         f"--preset {preset}")
-    return EDITIONS[edition] if preset == "chapter" else PRESETS[preset]
+                         + (f"--preset {preset}" if preset != "chapter"
+                            else f"--architecture {architecture}"))
+    if architecture == "transformer":
+        return EDITIONS[edition] if preset == "chapter" else PRESETS[preset]
+    if preset == "chapter":
+        return SECTIONS[architecture]
+    base = PRESETS[preset]
+    return base.replace(architecture=architecture, rnn_hidden_size=base.ffn_hidden_size // 2)
 
 
 PRESETS = {"chapter": CHAPTER, "tiny": TINY, "full": FULL, "full_word": FULL_WORD,

@@ -2,15 +2,17 @@
 
 The encoder returns ``(outputs, state)``: outputs (seq_len, batch, num_hiddens), time first, and
 the LSTM's final ``state = [H, C]``, each (num_layers, batch, num_hiddens); the decoder starts
-from that state. Kept as the book has them, not fixed yet (docs/chapter.md, "The book's seq2seq
-models"):
+from that state. The book's flaw is a switch of the encoder's, off by default (docs/chapter.md,
+"The book's seq2seq models"; `config.EXACT_BUGS` keeps it in exact runs):
 
-* (a) the encoder ignores the valid lengths, so the state it returns is the LSTM's state after
-  the padding steps, not after the last real token;
-* (b) so the decoder's initial state, the whole of that state, depends on how much padding
-  follows the sentence (the same sentence padded to 7 or to 10 steps decodes differently).
+* ``state_after_padding``: (a) the encoder ignores the valid lengths, so the state it returns
+  is the LSTM's state after the padding steps, not after the last real token; (b) so the
+  decoder's initial state depends on how much padding follows the sentence. Off, the encoder
+  runs the LSTM a step at a time and each sentence's state stops at its last real token (MXNet's
+  ``use_sequence_length`` is cuDNN's alone: on a CPU it ignores the lengths).
 """
 
+from mxnet import np
 from mxnet.gluon import nn, rnn
 
 from .model import Decoder, Encoder
@@ -19,17 +21,30 @@ from .model import Decoder, Encoder
 class Seq2SeqEncoder(Encoder):
     """8.14.1: embed the tokens, run a multi-layer LSTM from a zero state over every step."""
 
-    def __init__(self, vocab_size, embed_size, num_hiddens, num_layers, dropout=0, **kwargs):
+    def __init__(self, vocab_size, embed_size, num_hiddens, num_layers, dropout=0,
+                 state_after_padding=False, **kwargs):
         super().__init__(**kwargs)
         self.embedding = nn.Embedding(vocab_size, embed_size)
         self.rnn = rnn.LSTM(num_hiddens, num_layers, dropout=dropout)
+        self.state_after_padding = state_after_padding
 
     def forward(self, X, *args):
-        """X: (batch, seq_len) ids; the valid lengths in ``args`` are ignored, as the book's (a)
-        -> ((seq_len, batch, num_hiddens), [H, C]), H and C: (num_layers, batch, num_hiddens)."""
+        """X: (batch, seq_len) ids, ``args[0]`` their valid lengths (batch,) (None or absent:
+        every step is real) -> ((seq_len, batch, num_hiddens), [H, C]), H and C: (num_layers,
+        batch, num_hiddens), the state after each sentence's last real token (with
+        ``state_after_padding``, after the last step, as the book's)."""
         X = self.embedding(X).swapaxes(0, 1)  # (seq_len, batch, embed_size): time first
         state = self.rnn.begin_state(batch_size=X.shape[1], ctx=X.context)  # zeros: [H, C]
-        return self.rnn(X, state)
+        valid_length = args[0] if args else None
+        if self.state_after_padding or valid_length is None:
+            return self.rnn(X, state)
+        outputs = []
+        for t in range(X.shape[0]):
+            out, new = self.rnn(X[t:t + 1], state)  # out: (1, batch, num_hiddens)
+            real = (valid_length > t).reshape(1, -1, 1)  # (1, batch, 1): step t is a real token
+            state = [np.where(real, n, s) for n, s in zip(new, state)]
+            outputs.append(out)
+        return np.concatenate(outputs, axis=0), state  # (seq_len, batch, num_hiddens)
 
 
 class Seq2SeqDecoder(Decoder):

@@ -1,7 +1,8 @@
 """The literature's variants as subclasses of the chapter's blocks (docs/variants.md).
 
 Pre-norm (Xiong et al. 2020), ScaleNorm and FixNorm (Nguyen & Salazar 2019), LayerDrop (Fan et
-al. 2019), DropHead (Zhou et al. 2020) and a fused query/key/value projection. `build.build_model`
+al. 2019), DropHead (Zhou et al. 2020) and a fused query/key/value projection; batch norms
+(`variants_norm`) and other positional encodings (`variants_position`). `build.build_model`
 builds these classes only for a config that asks for a variant; the chapter's classes do not
 know them. Each subclass keeps the chapter's attribute names and Gluon's parameter names
 (`_alias`), so a variant's model directory reads as before. Random choices are dropout
@@ -14,8 +15,9 @@ from mxnet import init, np
 from mxnet.gluon import nn
 
 from . import _graphs
+from ._names import SameNames as _SameNames
 from .attention import _F, DotProductAttention, MultiHeadAttention
-from .layers import AddNorm, PositionalEncoding, PositionWiseFFN
+from .layers import AddNorm, PositionWiseFFN
 from .model import (
     DecoderBlock,
     EncoderBlock,
@@ -23,14 +25,8 @@ from .model import (
     TransformerEncoder,
     causal_valid_length,
 )
-
-
-class _SameNames:
-    """Gluon names a block's parameters after its class (``addnorm0_...``): a subclass keeps
-    the name of the chapter's class it extends."""
-
-    def _alias(self):
-        return next(c for c in type(self).__mro__ if c.__module__ != __name__).__name__.lower()
+from .variants_norm import id_mask, make_batch_norm, token_mask
+from .variants_position import ALiBiAttention, make_pos_encoding
 
 
 class ScaleNorm(nn.HybridBlock):
@@ -48,16 +44,23 @@ class ScaleNorm(nn.HybridBlock):
         return g * X / F.np.maximum(norm, self.eps)
 
 
+NORMS = ("layer", "scale", "batch", "masked_batch")
+
+
 def make_norm(norm="layer", hidden_size=None):
-    """``"layer"``: the chapter's LayerNorm; ``"scale"``: ScaleNorm."""
-    if norm not in ("layer", "scale"):
-        raise ValueError(f"unknown norm {norm!r}: expected 'layer' or 'scale'")
+    """``"layer"``: the chapter's LayerNorm; ``"scale"``: ScaleNorm; ``"batch"``,
+    ``"masked_batch"``: batch normalization (`variants_norm`, over `hidden_size` features)."""
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}: expected one of {', '.join(NORMS)}")
+    if norm in ("batch", "masked_batch"):
+        return make_batch_norm(norm, hidden_size)
     return nn.LayerNorm() if norm == "layer" else ScaleNorm(hidden_size)
 
 
 class VariantAddNorm(_SameNames, AddNorm):
-    """AddNorm with ScaleNorm (``norm="scale"``) or pre-norm: ``X + dropout(Y)``, the sublayer's
-    input normalized by `prenorm` instead."""
+    """AddNorm with another norm (``norm``: `NORMS`) or pre-norm: ``X + dropout(Y)``, the
+    sublayer's input normalized by `prenorm` instead. ``mask`` (batch, seq_len), 1 at the real
+    tokens: what ``norm="masked_batch"`` takes its statistics over (the other norms take none)."""
 
     def __init__(self, dropout, *, pre_norm=False, norm="layer", hidden_size=None, **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
@@ -65,13 +68,16 @@ class VariantAddNorm(_SameNames, AddNorm):
         self.dropout = nn.Dropout(dropout)
         self.norm = make_norm(norm, hidden_size)
 
-    def prenorm(self, X):
+    def prenorm(self, X, *mask):
         """The sublayer's input: ``norm(X)`` with pre-norm, else X."""
-        return self.norm(X) if self.pre_norm else X
+        return self.norm(X, *mask) if self.pre_norm else X
 
-    def hybrid_forward(self, F, X, Y):
+    def forward(self, X, Y, *mask):
+        return super().forward(X, Y, *(() if self.pre_norm else mask))  # pre-norm: no norm here
+
+    def hybrid_forward(self, F, X, Y, *mask):
         """X, Y: (batch, seq_len, d) -> X's shape."""
-        return self.dropout(Y) + X if self.pre_norm else self.norm(self.dropout(Y) + X)
+        return self.dropout(Y) + X if self.pre_norm else self.norm(self.dropout(Y) + X, *mask)
 
 
 class DropHeadAttention(_SameNames, DotProductAttention):
@@ -89,15 +95,19 @@ class DropHeadAttention(_SameNames, DotProductAttention):
 
 
 class VariantMultiHeadAttention(_SameNames, MultiHeadAttention):
-    """Multi-head attention with DropHead (``drophead`` p > 0, see `set_drophead`) and/or one
-    Dense ``W_qkv`` of width 3 * hidden_size (rows: W_q, W_k, W_v) for the projections."""
+    """Multi-head attention with DropHead (``drophead`` p > 0, see `set_drophead`), ALiBi's
+    bias on the scores (``alibi``, `variants_position.ALiBiAttention`) and/or one Dense
+    ``W_qkv`` of width 3 * hidden_size (rows: W_q, W_k, W_v) for the projections."""
 
     def __init__(self, hidden_size, num_heads, dropout, *, drophead=0.0, fused_qkv=False,
-                 **kwargs):
+                 alibi=False, **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
         self.num_heads, self.tile_valid_lengths, self.fused_qkv = num_heads, False, fused_qkv
-        self.attention = DropHeadAttention(dropout, drophead) if drophead > 0 else \
-            DotProductAttention(dropout)
+        if alibi:
+            self.attention = ALiBiAttention(dropout, num_heads, drophead)
+        else:
+            self.attention = DropHeadAttention(dropout, drophead) if drophead > 0 else \
+                DotProductAttention(dropout)
         if fused_qkv:  # W_q, W_k, W_v: the identity on W_qkv's thirds
             self.W_qkv = nn.Dense(3 * hidden_size, use_bias=False, flatten=False)
             self.W_q = self.W_k = self.W_v = nn.HybridLambda(lambda F, x: x)
@@ -119,7 +129,7 @@ class VariantMultiHeadAttention(_SameNames, MultiHeadAttention):
     def set_drophead(self, rate):
         """Change the DropHead rate (scheduled DropHead); every cached graph holding this block
         is traced again (`_graphs.invalidate`)."""
-        if not isinstance(self.attention, DropHeadAttention):
+        if getattr(self.attention, "drophead", None) is None:
             raise ValueError("this attention was built without drophead")
         self.attention.drophead._rate = rate
         _graphs.invalidate(self)
@@ -153,35 +163,42 @@ class FixNormEmbedding(_SameNames, nn.Embedding):
 
 
 class VariantEncoderBlock(_SameNames, EncoderBlock):
-    """The encoder block with pre-norm, ScaleNorm, DropHead or fused QKV."""
+    """The encoder block with pre-norm, another norm, DropHead, fused QKV or ALiBi; with
+    ``norm="masked_batch"`` its norms count the tokens before ``valid_length`` only."""
 
     def __init__(self, embedding_size, ffn_hidden_size, num_heads, dropout, *, pre_norm=False,
-                 norm="layer", drophead=0.0, fused_qkv=False, **kwargs):
+                 norm="layer", drophead=0.0, fused_qkv=False, alibi=False, **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
         an = {"pre_norm": pre_norm, "norm": norm, "hidden_size": embedding_size}
+        self.masked = norm == "masked_batch"
         self.attention = VariantMultiHeadAttention(embedding_size, num_heads, dropout,
-                                                   drophead=drophead, fused_qkv=fused_qkv)
+                                                   drophead=drophead, fused_qkv=fused_qkv,
+                                                   alibi=alibi)
         self.addnorm_1 = VariantAddNorm(dropout, **an)
         self.ffn = PositionWiseFFN(ffn_hidden_size, embedding_size)
         self.addnorm_2 = VariantAddNorm(dropout, **an)
 
     def hybrid_forward(self, F, X, valid_length):
-        Xn = self.addnorm_1.prenorm(X)
-        Y = self.addnorm_1(X, self.attention(Xn, Xn, Xn, valid_length))
-        return self.addnorm_2(Y, self.ffn(self.addnorm_2.prenorm(Y)))
+        m = (token_mask(X, valid_length),) if self.masked else ()  # (batch, seq_len) real tokens
+        Xn = self.addnorm_1.prenorm(X, *m)
+        Y = self.addnorm_1(X, self.attention(Xn, Xn, Xn, valid_length), *m)
+        return self.addnorm_2(Y, self.ffn(self.addnorm_2.prenorm(Y, *m)), *m)
 
 
 class VariantDecoderBlock(_SameNames, DecoderBlock):
-    """The decoder block with pre-norm (its state keeps the normalized inputs), ScaleNorm,
-    DropHead or fused QKV (self-attention only)."""
+    """The decoder block with pre-norm (its state keeps the normalized inputs), another norm
+    (``mask``: (batch, seq_len), the real tokens, for ``norm="masked_batch"``), DropHead, fused
+    QKV or ALiBi (self-attention only)."""
 
     def __init__(self, embedding_size, ffn_hidden_size, num_heads, dropout, i, *,
-                 pre_norm=False, norm="layer", drophead=0.0, fused_qkv=False, **kwargs):
+                 pre_norm=False, norm="layer", drophead=0.0, fused_qkv=False, alibi=False,
+                 **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
         self.i, self.mask_in_training_only = i, False
         an = {"pre_norm": pre_norm, "norm": norm, "hidden_size": embedding_size}
         self.attention_1 = VariantMultiHeadAttention(embedding_size, num_heads, dropout,
-                                                     drophead=drophead, fused_qkv=fused_qkv)
+                                                     drophead=drophead, fused_qkv=fused_qkv,
+                                                     alibi=alibi)
         self.addnorm_1 = VariantAddNorm(dropout, **an)
         self.attention_2 = VariantMultiHeadAttention(embedding_size, num_heads, dropout,
                                                      drophead=drophead)
@@ -189,27 +206,27 @@ class VariantDecoderBlock(_SameNames, DecoderBlock):
         self.ffn = PositionWiseFFN(ffn_hidden_size, embedding_size)
         self.addnorm_3 = VariantAddNorm(dropout, **an)
 
-    def forward(self, X, state):
-        Xn, past = self.addnorm_1.prenorm(X), state[2][self.i]  # past: (batch, num_past, d)
+    def forward(self, X, state, *mask):
+        Xn, past = self.addnorm_1.prenorm(X, *mask), state[2][self.i]  # past: (batch, past, d)
         state[2][self.i] = Xn if past is None else np.concatenate((past, Xn), axis=1)
         num_past = 0 if past is None else past.shape[1]
         X2 = self.attention_1(Xn, state[2][self.i], state[2][self.i],
                               causal_valid_length(X, num_past))
-        Y = self.addnorm_1(X, X2)
-        Y2 = self.attention_2(self.addnorm_2.prenorm(Y), state[0], state[0], state[1])
-        Z = self.addnorm_2(Y, Y2)
-        return self.addnorm_3(Z, self.ffn(self.addnorm_3.prenorm(Z))), state
+        Y = self.addnorm_1(X, X2, *mask)
+        Y2 = self.attention_2(self.addnorm_2.prenorm(Y, *mask), state[0], state[0], state[1])
+        Z = self.addnorm_2(Y, Y2, *mask)
+        return self.addnorm_3(Z, self.ffn(self.addnorm_3.prenorm(Z, *mask)), *mask), state
 
 
 class _VariantStack:
-    """What the variant encoder and decoder share: the embedding, LayerDrop, inference pruning
-    (`prune`) and pre-norm's final norm."""
+    """What the variant encoder and decoder share: the embedding, the positional encoding,
+    LayerDrop, inference pruning (`prune`) and pre-norm's final norm."""
 
     def _build(self, vocab_size, embedding_size, dropout, num_layers, make_block, *, pre_norm,
-               norm, fixnorm, layerdrop):
-        self.embedding_size = embedding_size
+               norm, fixnorm, layerdrop, pos_encoding):
+        self.embedding_size, self.masked = embedding_size, norm == "masked_batch"
         self.embed = (FixNormEmbedding if fixnorm else nn.Embedding)(vocab_size, embedding_size)
-        self.pos_encoding = PositionalEncoding(embedding_size, dropout)
+        self.pos_encoding = make_pos_encoding(pos_encoding, embedding_size, dropout)
         self.blks = nn.HybridSequential()
         for i in range(num_layers):
             self.blks.add(make_block(i))
@@ -235,8 +252,8 @@ class _VariantStack:
         one = F.np.ones_like(F.np.mean(X, axis=(0, 1, 2), keepdims=True))  # (1, 1, 1)
         return F.np.where(self.layerdrop(one) > 0, Y, X)
 
-    def _final(self, X):
-        return X if self.final_norm is None else self.final_norm(X)
+    def _final(self, X, *mask):
+        return X if self.final_norm is None else self.final_norm(X, *mask)
 
 
 def every_other_layers(num_layers, r):
@@ -254,19 +271,22 @@ class VariantTransformerEncoder(_SameNames, _VariantStack, TransformerEncoder):
 
     def __init__(self, vocab_size, embedding_size, ffn_hidden_size, num_heads, num_layers,
                  dropout, *, pre_norm=False, norm="layer", fixnorm=False, layerdrop=0.0,
-                 drophead=0.0, fused_qkv=False, **kwargs):
+                 drophead=0.0, fused_qkv=False, pos_encoding="sincos", **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
-        kw = {"pre_norm": pre_norm, "norm": norm, "drophead": drophead, "fused_qkv": fused_qkv}
+        kw = {"pre_norm": pre_norm, "norm": norm, "drophead": drophead, "fused_qkv": fused_qkv,
+              "alibi": pos_encoding == "alibi"}
         self._build(vocab_size, embedding_size, dropout, num_layers,
                     lambda i: VariantEncoderBlock(embedding_size, ffn_hidden_size, num_heads,
                                                   dropout, **kw),
-                    pre_norm=pre_norm, norm=norm, fixnorm=fixnorm, layerdrop=layerdrop)
+                    pre_norm=pre_norm, norm=norm, fixnorm=fixnorm, layerdrop=layerdrop,
+                    pos_encoding=pos_encoding)
 
     def hybrid_forward(self, F, X, valid_length):
+        m = (token_mask(X, valid_length),) if self.masked else ()  # (batch, seq_len) real tokens
         X = self.pos_encoding(self.embed(X) * math.sqrt(self.embedding_size))
         for blk in self.active_blocks():
             X = self._layer_drop(blk(X, valid_length), X)
-        return self._final(X)
+        return self._final(X, *m)
 
 
 class VariantTransformerDecoder(_SameNames, _VariantStack, TransformerDecoder):
@@ -274,22 +294,27 @@ class VariantTransformerDecoder(_SameNames, _VariantStack, TransformerDecoder):
 
     def __init__(self, vocab_size, embedding_size, ffn_hidden_size, num_heads, num_layers,
                  dropout, *, pre_norm=False, norm="layer", fixnorm=False, layerdrop=0.0,
-                 drophead=0.0, fused_qkv=False, **kwargs):
+                 drophead=0.0, fused_qkv=False, pos_encoding="sincos", **kwargs):
         nn.HybridBlock.__init__(self, **kwargs)
         self.num_layers, self.restart_positions = num_layers, False
-        kw = {"pre_norm": pre_norm, "norm": norm, "drophead": drophead, "fused_qkv": fused_qkv}
+        kw = {"pre_norm": pre_norm, "norm": norm, "drophead": drophead, "fused_qkv": fused_qkv,
+              "alibi": pos_encoding == "alibi"}
         self._build(vocab_size, embedding_size, dropout, num_layers,
                     lambda i: VariantDecoderBlock(embedding_size, ffn_hidden_size, num_heads,
                                                   dropout, i, **kw),
-                    pre_norm=pre_norm, norm=norm, fixnorm=fixnorm, layerdrop=layerdrop)
+                    pre_norm=pre_norm, norm=norm, fixnorm=fixnorm, layerdrop=layerdrop,
+                    pos_encoding=pos_encoding)
         self.dense = nn.Dense(vocab_size, flatten=False)
 
     def forward(self, X, state):
+        """X: (batch, seq_len) target ids; with ``norm="masked_batch"`` the norms count the
+        positions whose id is not ``<pad>`` (`variants_norm.id_mask`)."""
+        m = (id_mask(X),) if self.masked else ()  # (batch, seq_len) real tokens
         past = state[2][self.active_blocks()[0].i]  # the positions X continues after
         X = self.embed(X) * math.sqrt(self.embedding_size)
         X = self.pos_encoding(X) if past is None else \
             self.pos_encoding(X, np.array([past.shape[1]], ctx=X.context))
         for blk in self.active_blocks():  # a skipped block still keeps its input in state
-            Y, state = blk(X, state)
+            Y, state = blk(X, state, *m)
             X = self._layer_drop(Y, X)
-        return self.dense(self._final(X)), state
+        return self.dense(self._final(X, *m)), state

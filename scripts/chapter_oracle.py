@@ -44,15 +44,21 @@ SENTENCES = ["Go .", "Wow !", "I'm OK .", "I won !"]
 # edition -> (its d2l release, the module of oracles/ with its code, the book's epochs)
 EDITIONS = {"0.11": ("0.11.4", "chapter_0_11", 100), "0.17": ("0.17.6", "chapter_0_17", 200),
             "1.0": ("1.0.3", "chapter_1_0", 30)}
+SECTIONS = {"transformer": 100, "seq2seq": 300, "attention": 200}  # 9.3's, 8.14's, 9.2's epochs
 
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--edition", choices=list(EDITIONS), default="0.11",
                    help="the book's edition whose code runs (default: 0.11, the 2019 chapter)")
+    p.add_argument("--architecture", choices=list(SECTIONS), default="transformer",
+                   help="0.11 only: the chapter's transformer (9.3), or the 2019 book's earlier "
+                        "models, 8.14's seq2seq and 9.2's attention (the section's code, "
+                        "oracles/chapter_9_2.py, on d2l 0.11.4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=None,
-                   help="default: the edition's own (0.11: 100, 0.17: 200, 1.0: 30)")
+                   help="default: the edition's own (0.11: 100, 0.17: 200, 1.0: 30; 8.14: 300, "
+                        "9.2: 200)")
     p.add_argument("--library", default=None,
                    help="folder holding the 0.17/1.0 edition's d2l package "
                         "(default: <venv>/oracles/d2l-VERSION)")
@@ -102,8 +108,12 @@ def _before_mxnet():
 
 
 def run(args):
+    if args.architecture != "transformer" and args.edition != "0.11":
+        print("error: --architecture is the 2019 book's (edition 0.11)", file=sys.stderr)
+        return 2
     if args.epochs is None:
-        args.epochs = EDITIONS[args.edition][2]
+        args.epochs = (EDITIONS[args.edition][2] if args.edition != "0.11"
+                       else SECTIONS[args.architecture])
     for bad, problem in ((args.epochs < 1, "--epochs must be at least 1"),
                          (not os.path.exists(args.data), f"dataset not found: {args.data}")):
         if bad:
@@ -148,21 +158,9 @@ def run(args):
     mx.random.seed(args.seed)
     random.seed(args.seed)
     numpy.random.seed(args.seed)
-    # 9.3.7, as the chapter writes it (num_epochs and ctx from the command line)
-    embedding_size, num_layers, dropout = 32, 2, 0.0
-    batch_size, num_steps = 64, 10
-    lr, num_epochs = 0.005, args.epochs
-    num_hiddens, num_heads = 64, 4
-
+    batch_size, num_steps, lr, num_epochs = 64, 10, 0.005, args.epochs
     src_vocab, tgt_vocab, train_iter = d2l.load_data_nmt(batch_size, num_steps)
-
-    encoder = book.TransformerEncoder(
-        len(src_vocab), embedding_size, num_hiddens, num_heads, num_layers,
-        dropout)
-    decoder = book.TransformerDecoder(
-        len(src_vocab), embedding_size, num_hiddens, num_heads, num_layers,
-        dropout)
-    model = d2l.EncoderDecoder(encoder, decoder)
+    model = _model(args.architecture, d2l, book, src_vocab, tgt_vocab)
     printed = io.StringIO()
     tic = time.time()
     try:
@@ -183,6 +181,7 @@ def run(args):
     last = epochs[-1]
     summary = {
         "title": "chapter's code", "oracle": "d2l " + d2l.__version__, "seed": args.seed,
+        "architecture": args.architecture,
         "exact_chapter": True, "epochs": num_epochs, "loss": history[-1][1],
         # the book's loss is each sequence's mean over the num_steps - 1 label positions
         "loss_per_token": history[-1][1] * (num_steps - 1),
@@ -197,6 +196,32 @@ def run(args):
         with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, ensure_ascii=False)
     return 0
+
+
+def _model(architecture, d2l, book, src_vocab, tgt_vocab):
+    """The section's model as its cell builds it: 9.3.7's Transformer (with its bug 1, the
+    decoder's vocabulary the source's), or 8.14's / 9.2's seq2seq (9.2's decoder from
+    oracles/chapter_9_2.py)."""
+    if architecture == "transformer":  # 9.3.7, as the chapter writes it
+        embedding_size, num_layers, dropout = 32, 2, 0.0
+        num_hiddens, num_heads = 64, 4
+        encoder = book.TransformerEncoder(
+            len(src_vocab), embedding_size, num_hiddens, num_heads, num_layers,
+            dropout)
+        decoder = book.TransformerDecoder(
+            len(src_vocab), embedding_size, num_hiddens, num_heads, num_layers,
+            dropout)
+        return d2l.EncoderDecoder(encoder, decoder)
+    # 8.14.3 and 9.2.2, as the sections write them
+    embed_size, num_hiddens, num_layers, dropout = 32, 32, 2, 0.0
+    encoder = d2l.Seq2SeqEncoder(
+        len(src_vocab), embed_size, num_hiddens, num_layers, dropout)
+    decoder_class = (d2l.Seq2SeqDecoder if architecture == "seq2seq"
+                     else _import_from(os.path.join(ROOT, "oracles"),
+                                       "chapter_9_2").Seq2SeqAttentionDecoder)
+    decoder = decoder_class(
+        len(tgt_vocab), embed_size, num_hiddens, num_layers, dropout)
+    return d2l.EncoderDecoder(encoder, decoder)
 
 
 def _cell(text, changes):

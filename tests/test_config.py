@@ -55,7 +55,8 @@ def test_with_overrides_checks_types_and_values():
             ({"num_examples": "all"}, "num_examples must be null or an integer"),
             ({"num_heads": 3}, "embedding_size 16 must be a multiple of num_heads 3"),
             ({"dropout": 1.5}, "dropout must be in [0, 1)"),
-            ({"norm": "batch"}, "norm must be one of layer, scale"),
+            ({"norm": "group"}, "norm must be one of layer, scale, batch, masked_batch"),
+            ({"pos_encoding": "rope"}, "pos_encoding must be one of sincos, none, learned, alibi"),
             ({"lr": -1}, "lr and epsilon must be positive"),
             ({"num_layers": 0}, "num_layers must be at least 1")):
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")

@@ -255,7 +255,7 @@ def test_refusals_are_one_line_and_touch_nothing(small_dir, tmp_path, capsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 7 and all(line.startswith("error: ") for line in err), err
     assert "--exact-chapter" in err[0] and "--exact-chapter" in err[1]
-    assert "ScaleNorm" in err[2] and "not an export directory" in err[3]
+    assert "no 'scale' norm" in err[2] and "not an export directory" in err[3]
     assert _snapshot(mine) == before
     assert not os.path.lexists(out)
     assert not [n for n in os.listdir(tmp_path) if n.startswith((".mine.", ".out."))]

@@ -88,3 +88,28 @@ def test_agreement_compares_every_epoch_exactly():
     runs = [(CHAPTER_CODE, chapter), ("exact chapter", _summary()),
             ("corrected", dict(_summary(), exact_chapter=False))]
     assert len(agreements(runs)) == 1  # the corrected model is not the chapter's run
+
+
+@pytest.mark.slow
+@needs_oracle
+@needs_data
+@pytest.mark.parametrize("architecture", ["seq2seq", "attention"])
+def test_the_seq2seq_models_exact_runs_repeat_their_sections_own_code(tmp_path, architecture):
+    """8.14's and 9.2's models: ``train --architecture A --exact-chapter`` and the section's
+    code (chapter_oracle.py --architecture A), seed 1, 3 epochs: every epoch's loss to the bit,
+    the translations; `compare` says so under a table of their own."""
+    common = ["--architecture", architecture, "--seed", "1", "--epochs", "3", "--ctx", "cpu"]
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    r = subprocess.run([sys.executable, "-m", "d2l_transformer", "train", "--exact-chapter",
+                        "--quiet", "--out", str(ours), *common], capture_output=True, text=True,
+                       cwd=ROOT, timeout=1800)
+    assert r.returncode == 0, r.stderr
+    r = _run("chapter_oracle.py", "--out", str(theirs), *common)
+    assert r.returncode == 0, r.stderr
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (ours, theirs))
+    assert a["architecture"] == b["architecture"] == architecture
+    assert a["epoch_history"] == b["epoch_history"] and len(a["epoch_history"]) == 3
+    assert a["translations"] == b["translations"]
+    r = subprocess.run([sys.executable, "-m", "d2l_transformer", "compare", str(ours), str(theirs)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert "loss identical at all 3 epochs" in r.stdout and "4 of 4 translations" in r.stdout

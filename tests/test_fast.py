@@ -246,13 +246,21 @@ def test_cached_uncached_batched_greedy_identical(data):
         assert ref == one, mode
 
 
-def test_masked_softmax_in_graph_equals_imperative():
-    """The fast path's graph attention without the kernels (one softmax(length=...), sqrt(d) a
-    Python float) gives the chapter's -1e6-fill attention: valid lengths of both shapes,
-    causal with and without kept positions."""
+@pytest.mark.parametrize("where", ["no kernels scope", "gpu graph", "kernels switched off"])
+def test_masked_softmax_in_graph_equals_imperative(where, monkeypatch):
+    """The fast path's graph attention (one softmax(length=...), sqrt(d) a Python float:
+    `GraphDotProductAttention`) is in every graph `run` traces without the attention kernel —
+    outside `kernels.fused`, a GPU graph, the kernels switched off — on purpose, and gives the
+    chapter's -1e6-fill attention: valid lengths of both shapes, causal with and without kept
+    positions."""
+    from d2l_transformer import kernels
+    from d2l_transformer._gluon import graph_json
     from d2l_transformer.model import causal_valid_length
-    from d2l_transformer.training.fused import run, traced
+    from d2l_transformer.training.fused import GraphDotProductAttention, run, traced
 
+    scope = {"no kernels scope": None, "gpu graph": mx.gpu(0), "kernels switched off": CTX}[where]
+    if where == "kernels switched off":
+        monkeypatch.setenv("D2L_TRANSFORMER_KERNELS", "0")
     X = mx.np.random.normal(size=(4, 3, 16))
     K = mx.np.random.normal(size=(4, 5, 16))
     for valid_length in (None, mx.np.array([1, 2, 5, 3]), causal_valid_length(X, 2)):
@@ -261,8 +269,16 @@ def test_masked_softmax_in_graph_equals_imperative():
         args = (X, K, K) if valid_length is None else (X, K, K, valid_length)
         expected = attention(*args).asnumpy()
         attention.hybridize()
-        got = run(attention, *args)  # traced outside kernels.fused: MXNet's operators
-        assert "softmax" in traced(attention)._cached_graph[1].tojson()
+        if scope is None:
+            got = run(attention, *args)
+        else:
+            with kernels.fused(scope):
+                assert not kernels.active()
+                got = run(attention, *args)
+        graph = graph_json(traced(attention))
+        assert type(traced(attention).attention) is GraphDotProductAttention
+        assert "shape_array" not in graph and "d2t_" not in graph  # sqrt(d) a float; no kernel
+        assert ('"use_length": "True"' in graph) == (valid_length is not None), graph
         assert type(attention.attention) is d2t.DotProductAttention  # the class it was built with
         onp.testing.assert_allclose(got.asnumpy(), expected, rtol=1e-6, atol=1e-6)
 

@@ -15,6 +15,7 @@ from mxnet import autograd, np, npx
 from mxnet.gluon import nn
 
 from d2l_transformer import kernels
+from d2l_transformer._gluon import graph_json
 from d2l_transformer.attention import MultiHeadAttention
 from d2l_transformer.layers import AddNorm
 from d2l_transformer.model import causal_valid_length
@@ -65,7 +66,7 @@ def _run(block, X, Y, dout, fused):
     with autograd.record(), kernels.fused(mx.cpu() if fused else mx.gpu(0)):
         out = run(block, X, Y)
     out.backward(dout)
-    graph = traced(block)._cached_graph[1].tojson()
+    graph = graph_json(traced(block))
     return [out, X.grad, Y.grad, block.norm.gamma.grad(), block.norm.beta.grad()], graph
 
 
@@ -132,10 +133,11 @@ def test_disabled_or_unbuildable_falls_back_with_one_line(tmp_path):
     code += ("\nimport mxnet as mx\nfrom mxnet import np\nfrom mxnet.gluon import nn\n"
              "from d2l_transformer.layers import AddNorm\n"
              "from d2l_transformer.training.fused import run, traced\n"
+             "from d2l_transformer._gluon import graph_json\n"
              "X = np.arange(24, dtype='float32').reshape(2, 3, 4) ** 1.5\n"
              "ours, ref = AddNorm(0.0), nn.LayerNorm()\nours.initialize(); ref.initialize()\n"
              "ours.hybridize()\nwith kernels.fused(mx.cpu()):\n    got = run(ours, X, X)\n"
-             "graph = traced(ours)._cached_graph[1].tojson()\n"
+             "graph = graph_json(traced(ours))\n"
              "print('mxnet op', 'LayerNorm' in graph and 'd2t_' not in graph)\n"
              "print('max diff', float(abs(got - ref(X + X)).max()))")
     broken = _python(code, CXX="/bin/false", D2L_TRANSFORMER_CACHE=str(tmp_path))
@@ -164,7 +166,7 @@ def _attention_run(query, key, valid_length, fused, dout):
         out = run(attention, *args) if fused else attention(*args)
     out.backward(dout)
     if fused:
-        assert "d2t_attention" in traced(attention)._cached_graph[1].tojson()
+        assert "d2t_attention" in graph_json(traced(attention))
         assert type(attention) is MultiHeadAttention  # the kernel is in the copy, not the object
     return [out, query.grad, key.grad] + [p.grad() for p in attention.collect_params().values()]
 
@@ -296,7 +298,7 @@ def test_attention_dropout_inactive_at_inference():
             got_recorded = run(attention, query, query, query, valid_length)
         with autograd.record():
             trained = run(attention, query, query, query, valid_length)
-    assert "d2t_attention" in traced(attention)._cached_graph[1].tojson()
+    assert "d2t_attention" in graph_json(traced(attention))
     for out in (got, got_recorded):
         onp.testing.assert_allclose(out.asnumpy(), expected.asnumpy(), atol=2e-6, rtol=1e-5)
     assert float(abs(trained - expected).max()) > 1e-2
@@ -360,7 +362,7 @@ def test_addnorm_dropout_fused_in_graphs_and_inactive_at_inference():
         got = run(addnorm, X, Y)
         with autograd.record():
             trained = run(addnorm, X, Y)
-    nodes = json.loads(traced(addnorm)._cached_graph[1].tojson())["nodes"]
+    nodes = json.loads(graph_json(traced(addnorm)))["nodes"]
     ops = [n["op"] for n in nodes]
     assert ops.count("d2t_add_layer_norm") == 1 and ops.count("Dropout") == 1  # the train flag's
     dropout_input = [n for n in nodes if n["op"] == "Dropout"][0]["inputs"][0][0]
@@ -479,7 +481,7 @@ def test_fast_full_step_equals_the_imperative_step():
         X, X_vlen, Y, Y_vlen = batches[0]
         with autograd.record(), kernels.fused(mx.cpu()):
             run(graph, X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
-        ops = [node["op"] for node in json.loads(traced(graph)._cached_graph[1].tojson())["nodes"]]
+        ops = [node["op"] for node in json.loads(graph_json(traced(graph)))["nodes"]]
         assert {"d2t_attention", "d2t_add_layer_norm", "d2t_softmax_ce"} <= set(ops)
         assert "log_softmax" not in ops and "batch_dot" not in ops
         assert ("Dropout" in ops) == (dropout > 0)

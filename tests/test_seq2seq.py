@@ -77,7 +77,7 @@ def _pair(ours, theirs, call):
 def _encoders(dropout=0.0):
     d2l, _ = _book()
     X, valid_length = _batch()
-    return _pair(Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS, dropout),
+    return _pair(Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS, dropout, state_after_padding=True),
                  d2l.Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS, dropout),
                  lambda enc: enc(X, valid_length))
 
@@ -168,7 +168,7 @@ def test_mlp_attention_equals_d2ls_imperative_and_hybridized(valid_length, train
     query, key = np.random.normal(size=(2, 3, 5)), np.random.normal(size=(2, 6, 4))
     value = np.random.normal(size=(2, 6, 3))
     v = None if valid_length is None else np.array(valid_length)
-    ours, theirs = _pair(MLPAttention(8, 0.3), d2l.MLPAttention(8, 0.3),
+    ours, theirs = _pair(MLPAttention(8, 0.3, tanh_before_sum=True), d2l.MLPAttention(8, 0.3),
                          lambda att: att(query, key, value, v))
     expected = _run(theirs, query, key, value, v, training=training)
     _equal(_run(ours, query, key, value, v, training=training), expected)
@@ -193,7 +193,8 @@ def test_the_attention_decoders_toy_shapes():
 
 def _attention_decoders(enc_outputs, valid_length, X, dropout=0.0):
     _, book = _book()
-    return _pair(Seq2SeqAttentionDecoder(VOCAB, EMBED, HIDDENS, LAYERS, dropout),
+    return _pair(Seq2SeqAttentionDecoder(VOCAB, EMBED, HIDDENS, LAYERS, dropout,
+                                         tanh_before_sum=True),
                  book.Seq2SeqAttentionDecoder(VOCAB, EMBED, HIDDENS, LAYERS, dropout),
                  lambda dec: dec(X, dec.init_state(enc_outputs, valid_length)))
 
@@ -241,8 +242,9 @@ def test_the_whole_models_loss_and_gradients_equal_the_books(attention):
     Y, Y_vlen = _batch()
     ours_dec, theirs_dec = ((Seq2SeqAttentionDecoder, book.Seq2SeqAttentionDecoder) if attention
                             else (Seq2SeqDecoder, d2l.Seq2SeqDecoder))
-    ours = EncoderDecoder(Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS),
-                          ours_dec(VOCAB, EMBED, HIDDENS, LAYERS))
+    flaw = {"tanh_before_sum": True} if attention else {}
+    ours = EncoderDecoder(Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS, state_after_padding=True),
+                          ours_dec(VOCAB, EMBED, HIDDENS, LAYERS, **flaw))
     theirs = d2l.EncoderDecoder(d2l.Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS),
                                 theirs_dec(VOCAB, EMBED, HIDDENS, LAYERS))
     ours, theirs = _pair(ours, theirs, lambda m: m(X, Y, X_vlen, Y_vlen))
@@ -258,13 +260,13 @@ def test_the_whole_models_loss_and_gradients_equal_the_books(attention):
         _equal(p.grad(), q.grad())
 
 
-# The book's flaws, kept (docs/chapter.md, "The book's seq2seq models") -------------------------
+# The book's flaws, kept by their switches (docs/chapter.md, "The book's seq2seq models")----------------
 
 def test_the_encoder_state_is_the_state_after_the_padding():
     """(a) The encoder ignores the valid lengths: the H it returns is not the last layer's H
     after each row's last real token (its output there), but after the padding that follows."""
     X, valid_length = _batch()
-    encoder = Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS)
+    encoder = Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS, state_after_padding=True)
     encoder.initialize(init.Xavier())
     outputs, (H, _) = encoder(X, valid_length)
     last_real = outputs[valid_length - 1, np.arange(4)]  # (batch, num_hiddens)
@@ -276,9 +278,9 @@ def test_the_encoder_state_is_the_state_after_the_padding():
 def test_the_decoder_starts_from_the_state_after_the_padding():
     """(b) The decoder's initial state is the encoder's returned [H, C] itself, so a sentence
     starts the decoder elsewhere when padded to 10 steps than to 7, and the logits move."""
-    encoder = Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS)
+    encoder = Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS, state_after_padding=True)
     decoder = Seq2SeqDecoder(VOCAB, EMBED, HIDDENS, LAYERS)
-    attention = Seq2SeqAttentionDecoder(VOCAB, EMBED, HIDDENS, LAYERS)
+    attention = Seq2SeqAttentionDecoder(VOCAB, EMBED, HIDDENS, LAYERS, tanh_before_sum=True)
     for block in (encoder, decoder, attention):
         block.initialize(init.Xavier())
     valid_length, bos = np.array([3]), np.array([[2]])
@@ -296,7 +298,7 @@ def test_the_decoder_starts_from_the_state_after_the_padding():
 def test_mlp_attentions_weights_do_not_depend_on_the_query():
     """(c) tanh before the sum: the query adds one score to every key, which the softmax
     cancels, so two unrelated queries get the same weights; in 9.2 every step gets the same."""
-    attention = MLPAttention(8, 0.0)
+    attention = MLPAttention(8, 0.0, tanh_before_sum=True)
     attention.initialize(init.Xavier())
     key, value = np.random.normal(size=(2, 6, 4)), np.random.normal(size=(2, 6, 3))
     weights = []
@@ -306,8 +308,8 @@ def test_mlp_attentions_weights_do_not_depend_on_the_query():
     onp.testing.assert_allclose(weights[0], weights[1], rtol=0, atol=1e-6)
     assert onp.ptp(weights[0][0, :, :4]) > 0.05  # the keys do move them
     X, valid_length = _batch()
-    encoder = Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS)
-    decoder = Seq2SeqAttentionDecoder(VOCAB, EMBED, HIDDENS, LAYERS)
+    encoder = Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS, state_after_padding=True)
+    decoder = Seq2SeqAttentionDecoder(VOCAB, EMBED, HIDDENS, LAYERS, tanh_before_sum=True)
     for block in (encoder, decoder):
         block.initialize(init.Xavier())
     state, steps = decoder.init_state(encoder(X, valid_length), valid_length), []
@@ -316,3 +318,45 @@ def test_mlp_attentions_weights_do_not_depend_on_the_query():
         steps.append(decoder.attention_cell.attention_weights.asnumpy())
     for w in steps[1:]:
         onp.testing.assert_allclose(w, steps[0], rtol=0, atol=1e-6)
+
+
+# Corrected: the switches off (the default) ------------------------------------------------------
+
+def test_the_corrected_encoder_state_stops_at_the_last_real_token():
+    """Off, each row's [H, C] is the state of its sentence alone, whatever padding follows, and
+    the outputs of the real steps are the book's; the decoder starts the same at 7 and at 10."""
+    X, valid_length = _batch()
+    encoder = Seq2SeqEncoder(VOCAB, EMBED, HIDDENS, LAYERS)
+    encoder.initialize(init.Xavier())
+    outputs, state = encoder(X, valid_length)
+    book_outputs, _ = encoder(X)  # no lengths: every step is real, one call of the LSTM
+    for row, n in enumerate(valid_length.asnumpy().astype(int)):
+        alone_outputs, alone = encoder(X[row:row + 1, :n])  # the sentence without its padding
+        for ours, theirs in zip(state, alone):
+            onp.testing.assert_allclose(ours[:, row].asnumpy(), theirs[:, 0].asnumpy(), atol=1e-6)
+        onp.testing.assert_allclose(outputs[:n, row].asnumpy(), book_outputs[:n, row].asnumpy(),
+                                    atol=1e-6)
+    decoder = Seq2SeqDecoder(VOCAB, EMBED, HIDDENS, LAYERS)
+    decoder.initialize(init.Xavier())
+    first = [decoder(np.array([[2]]), decoder.init_state(
+        encoder(np.array([[4, 5, 6] + [PAD] * (n - 3)]), np.array([3]))))[0] for n in (7, 10)]
+    onp.testing.assert_allclose(first[0].asnumpy(), first[1].asnumpy(), atol=1e-6)
+
+
+def test_the_corrected_mlp_attention_is_bahdanaus():
+    """Off, the scores are v^T tanh(W_k q + W_q k) (the book's crossed names), computed here by
+    hand in NumPy, and two queries over the same keys get different weights."""
+    attention = MLPAttention(8, 0.0)
+    attention.initialize(init.Xavier())
+    query, key = np.random.normal(size=(2, 3, 5)), np.random.normal(size=(2, 6, 4))
+    value = np.random.normal(size=(2, 6, 3))
+    out = attention(query, key, value, np.array([4, 6])).asnumpy()
+    Wq, Wk, v = (p.data().asnumpy() for p in (attention.W_k.weight, attention.W_q.weight,
+                                              attention.v.weight))
+    features = onp.tanh((query.asnumpy() @ Wq.T)[:, :, None] + (key.asnumpy() @ Wk.T)[:, None])
+    scores = (features @ v.T)[..., 0]  # (2, 3, 6)
+    scores[0, :, 4:] = -onp.inf  # the first example's valid length 4
+    weights = onp.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    onp.testing.assert_allclose(out, weights @ value.asnumpy(), rtol=1e-5, atol=1e-6)
+    assert onp.ptp(weights[:, :, 0], axis=1).max() > 1e-3  # the queries move the weights

@@ -1,6 +1,6 @@
-"""OpenMP threads per workload (d2l_transformer/_threads.py, `kernels.use_threads`): one thread
-for the chapter's sizes, every core for the `full` preset's, never against the user's own
-setting."""
+"""OpenMP threads per workload (d2l_transformer/_threads.py, `_threads.size_for`, switched by the
+kernel library's operator): one thread for the chapter's sizes, every core for the `full`
+preset's, never against the user's own setting."""
 
 import json
 import os
@@ -14,7 +14,7 @@ from test_kernels import (
     needs_kernels,  # noqa: F401 - the fixture it marks with
 )
 
-from d2l_transformer import _compat, _threads, kernels
+from d2l_transformer import _compat, _threads
 from d2l_transformer.distributed.launch import job_env
 
 PROBE = ("import json, os, sys; {pre}import d2l_transformer; from d2l_transformer import _threads; "
@@ -70,7 +70,7 @@ def test_local_job_shares_the_cores():
 
 
 @needs_kernels
-def test_use_threads_switches_the_engine_thread(monkeypatch):
+def test_size_for_switches_the_engine_thread(monkeypatch):
     if not _threads._state["managed"]:
         pytest.skip("the thread count is the user's here (OMP_NUM_THREADS or MXNet imported first)")
     monkeypatch.delenv(_threads.ENV, raising=False)
@@ -82,10 +82,29 @@ def test_use_threads_switches_the_engine_thread(monkeypatch):
     x = mx.np.random.uniform(size=(512, 128))
     w = mx.np.random.uniform(size=(1000, 128))
     try:
-        assert kernels.use_threads(_threads.BIG_WORK) == _threads.physical_cores() == now()
+        assert _threads.size_for(_threads.BIG_WORK) == _threads.physical_cores() == now()
         big = mx.npx.fully_connected(x, w, no_bias=True, num_hidden=1000).asnumpy()
-        assert kernels.use_threads(10) == 1 == now()
+        assert _threads.size_for(10) == 1 == now()
         small = mx.npx.fully_connected(x, w, no_bias=True, num_hidden=1000).asnumpy()
         assert abs(big - small).max() <= 1e-4 * abs(small).max()  # the same product
     finally:
-        kernels.use_threads(0)
+        _threads.size_for(0)
+
+
+def test_size_for_without_a_switch_leaves_the_threads_alone(monkeypatch):
+    """Where nothing can switch the engine's thread (the kernel library did not load), the
+    count stays what it is and `size_for` says it is not ours: None."""
+    monkeypatch.setitem(_threads._state, "managed", True)
+    monkeypatch.setitem(_threads._state, "threads", 1)
+    monkeypatch.delenv(_threads.ENV, raising=False)
+    asked = []
+
+    def cannot(n):  # a switch that fails, as the kernels' does when they do not load
+        asked.append(n)
+        return False
+
+    monkeypatch.setitem(_threads._state, "switch", cannot)
+    assert _threads.size_for(10) == 1 and asked == []  # already in force: nothing to run
+    monkeypatch.setenv(_threads.ENV, "3")
+    assert _threads.size_for(10) is None and asked == [3]
+    assert _threads._state["threads"] == 1

@@ -27,7 +27,7 @@ from d2l_transformer.variants import (
 
 V_SRC, V_TGT, D, FFN, HEADS, LAYERS = 30, 20, 16, 32, 4, 2
 OFF = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0.0,
-       "drophead": 0.0, "fused_qkv": False}
+       "drophead": 0.0, "fused_qkv": False, "pos_encoding": "sincos"}
 CFG = d2t.TINY.replace(embedding_size=D, ffn_hidden_size=FFN, num_heads=HEADS,
                        num_layers=LAYERS, dropout=0.0)
 

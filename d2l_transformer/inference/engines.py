@@ -34,6 +34,7 @@ from .limits import (
     check_search,
     decode_limit,
     require_corrected,
+    source_positions,
 )
 from .translator import ALPHA, Hypothesis, Translator, length_penalty
 
@@ -77,7 +78,7 @@ class MXNetEngine:
                  batch_size=BATCH):
         self.model, self.src_vocab, self.tgt_vocab, self.cfg = model, src_vocab, tgt_vocab, cfg
         self.tokenizer, self.ctx = tokenizer, ctx
-        self.max_positions = model.encoder.pos_encoding.P.shape[1]
+        self.max_positions = source_positions(model)
         self.summary = {}  # summary.json's, when loaded from a model directory
         self.translator = None
         if no_unk:

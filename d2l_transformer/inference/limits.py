@@ -160,26 +160,44 @@ def refusal_report(refused, shown=SHOWN):
 
 
 class ExactChapterError(ValueError):
-    """What a model trained with ``--exact-chapter`` (the book's bugs) cannot do; one line."""
+    """What a model only the chapter's loop decodes cannot do (`chapter_only`); one line."""
 
 
 def chapter_only(model_or_cfg):
-    """Whether only the chapter's own loop (`decode.chapter_greedy`) decodes this model: its
-    decoder restarts the positions at every step (bug 3, ``restart_positions``; every edition's
-    exact run keeps it: `config.EXACT_BUGS`), which the `Translator`'s cached step does not.
-    `model_or_cfg`: a config, a model or its decoder; the book's own classes have no switch
-    and restart."""
+    """Whether only the chapter's own loop (`decode.chapter_greedy`) decodes this model: a
+    Transformer whose decoder restarts the positions at every step (bug 3,
+    ``restart_positions``; every edition's exact run keeps it: `config.EXACT_BUGS`), which the
+    `Translator`'s cached step does not, or the 2019 book's seq2seq models (``cfg.architecture``),
+    whose LSTM state the cached step does not hold. `model_or_cfg`: a config, a model or its
+    decoder; a decoder without the switch (the book's own classes, the LSTM decoders) is the
+    chapter loop's."""
     if hasattr(model_or_cfg, "bugs"):  # a TransformerConfig
-        return "restart_positions" in model_or_cfg.bugs
+        cfg = model_or_cfg
+        return "restart_positions" in cfg.bugs or cfg.architecture != "transformer"
     return getattr(getattr(model_or_cfg, "decoder", model_or_cfg), "restart_positions", True)
 
 
 def require_corrected(model_or_cfg, what):
     """Refuse (ExactChapterError) `what` (e.g. ``"beam search"``) for a model only the chapter's
-    loop decodes (`chapter_only`): an exact-chapter model."""
-    if chapter_only(model_or_cfg):
-        raise ExactChapterError(f"{what} needs the corrected model; this one was trained with "
-                                "--exact-chapter (the book's bugs)")
+    loop decodes (`chapter_only`): an exact-chapter Transformer or a seq2seq model."""
+    if not chapter_only(model_or_cfg):
+        return
+    decoder = getattr(model_or_cfg, "decoder", model_or_cfg)
+    lstm = "seq2seq" if hasattr(decoder, "rnn") else "transformer"  # a model: its decoder tells
+    model = getattr(model_or_cfg, "architecture", lstm)
+    if model != "transformer":
+        raise ExactChapterError(f"{what} needs the Transformer; this is the book's {model} model "
+                                "(greedy decoding by the chapter's loop only)")
+    raise ExactChapterError(f"{what} needs the corrected model; this one was trained with "
+                            "--exact-chapter (the book's bugs)")
+
+
+def source_positions(model):
+    """The longest source `model` can encode: a Transformer's positions (its encoding table's
+    rows); `MAX_TOKENS` for an LSTM encoder, which has no such table (the chapter's loop, which
+    decodes it, cuts the source at ``num_steps`` anyway)."""
+    encoding = getattr(model.encoder, "pos_encoding", None)
+    return MAX_TOKENS if encoding is None else encoding.P.shape[1]
 
 
 def decode_limit(num_steps, source_length, max_positions=None):

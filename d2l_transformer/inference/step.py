@@ -16,6 +16,7 @@ import warnings
 
 from mxnet.gluon import nn
 
+from .. import _gluon
 from ..attention import transpose_output, transpose_qkv
 
 
@@ -28,18 +29,13 @@ def active_blocks(stack):
 def hybridized(graph, static=True):
     """`graph` hybridized alone: MXNet's ``hybridize`` recurses into the children, which would
     leave the user's own model hybridized; the graph is traced through them all the same."""
-    children, graph._children = graph._children, {}
-    try:
-        graph.hybridize(static_alloc=static, static_shape=static)
-    finally:
-        graph._children = children
-    return graph
+    return _gluon.hybridize_alone(graph, static_alloc=static, static_shape=static)
 
 
 def call(graph, *args):
     """``graph(*args)``; its first call traces it, when the weights it does not use (the other
     side's) draw Gluon's "not used" warning: no news here."""
-    if graph._cached_op is not None:
+    if _gluon.has_graph(graph):
         return graph(*args)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Parameter .* is not used", UserWarning)
@@ -73,21 +69,35 @@ def keys_values(F, mha, X):
     return mha.W_k(X), mha.W_v(X)
 
 
-def _attend(F, mha, q, K, V, valid_length):
+def _attend(F, mha, q, K, V, valid_length, distance=None):
     """9.3.1 on projected queries (rows, Tq, hidden) and keys/values (rows, Tk, hidden): heads
-    split, the chapter's dot-product attention, heads merged, W_o -> (rows, Tq, hidden)."""
+    split, the chapter's dot-product attention, heads merged, W_o -> (rows, Tq, hidden).
+    `distance`: ALiBi's query-key distances (Tk,), for an attention with ALiBi only."""
     h = mha.num_heads
     q, K, V = (transpose_qkv(x, h) for x in (q, K, V))  # (rows * h, T, hidden / h) each
     valid_length = F.np.repeat(valid_length, h, axis=0)  # (rows * h,) or (rows * h, Tq)
-    return mha.W_o(transpose_output(mha.attention(q, K, V, valid_length), h))  # (rows, Tq, hidden)
+    extra = () if distance is None else (distance,)
+    return mha.W_o(transpose_output(mha.attention(q, K, V, valid_length, *extra), h))  # (rows, Tq, hidden)
 
 
-def decoder_block(F, blk, X, Xn, K, V, self_length, K_enc, V_enc, enc_valid_length):
+def cache_distance(F, mha, K):
+    """ALiBi's distances (Press et al. 2022) in a newest-first cache K (rows, max_len, hidden):
+    row j holds the position j steps before the query's, so (max_len,) 0, 1, ...; None for an
+    attention without ALiBi (`variants_position.ALiBiAttention`)."""
+    if not getattr(mha.attention, "alibi", False):
+        return None
+    return F.npx.arange_like(K, axis=1)  # (max_len,)
+
+
+def decoder_block(F, blk, X, Xn, K, V, self_length, K_enc, V_enc, enc_valid_length,
+                  newest_first=False):
     """9.3.6's DecoderBlock with its keys and values projected: X (rows, Tq, d) and
     ``Xn = prenorm(X)``; K, V (rows, Tk, hidden) the self-attention's, `self_length` (rows,) or
-    (rows, Tq) its valid lengths; K_enc, V_enc (rows, T, hidden) the encoder's -> (rows, Tq, d)."""
+    (rows, Tq) its valid lengths; K_enc, V_enc (rows, T, hidden) the encoder's -> (rows, Tq, d).
+    ``newest_first``: K and V hold the newest position first (`DecoderStep`'s caches)."""
+    distance = cache_distance(F, blk.attention_1, K) if newest_first else None
     Y = blk.addnorm_1(X, _attend(F, blk.attention_1, _queries(F, blk.attention_1, Xn), K, V,
-                                 self_length))
+                                 self_length, distance))
     Yn = prenorm(blk.addnorm_2, Y)
     Z = blk.addnorm_2(Y, _attend(F, blk.attention_2, _queries(F, blk.attention_2, Yn), K_enc,
                                  V_enc, enc_valid_length))
@@ -150,7 +160,8 @@ class DecoderStep(nn.HybridBlock):
             k, v = keys_values(F, blk.attention_1, Xn)  # the new position: (rows, 1, hidden)
             K = F.np.concatenate([k, K[:, :-1]], axis=1)  # (rows, max_len, hidden), newest first
             V = F.np.concatenate([v, V[:, :-1]], axis=1)
-            X = decoder_block(F, blk, X, Xn, K, V, self_length, K_enc, V_enc, enc_valid_length)
+            X = decoder_block(F, blk, X, Xn, K, V, self_length, K_enc, V_enc, enc_valid_length,
+                              newest_first=True)
             new_caches += [K, V]
         logits = output_layer(dec, X)  # (rows, 1, V)
         return (F.npx.reshape(logits, (-2, -3, -2)), *new_caches)  # (rows, 1, V) -> (rows, V)

@@ -23,7 +23,7 @@ import weakref
 import numpy as onp
 from mxnet import np
 
-from .. import _graphs, kernels
+from .. import _graphs, _threads
 from ..data import truncate_pad
 from . import step as _step
 from .limits import BANNED, check_lengths, check_search, decode_limit, require_corrected
@@ -138,7 +138,7 @@ class Translator:
         if no_unk and not suppress:
             raise ValueError("no_unk masks <unk>: it needs suppress=True")
         special = (BANNED + (("<unk>",) if no_unk else ())) if suppress else ()
-        self._bias = onp.zeros((1, model.decoder.dense._units), "float32")  # (1, V)
+        self._bias = onp.zeros((1, model.decoder.dense.weight.shape[0]), "float32")  # (1, V)
         self._bias[0, sorted({tgt_vocab[t] for t in special})] = NEG  # never emitted
 
     # ------------------------------------------------------------------------------ the source
@@ -178,8 +178,8 @@ class Translator:
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # less padding
         out = [None] * len(sentences)
         # OpenMP threads for the output layer's size (`_threads`)
-        kernels.use_threads(min(self.batch_size, len(order)) * beam_size
-                            * self.model.decoder.embedding_size * vocab)
+        _threads.size_for(min(self.batch_size, len(order)) * beam_size
+                          * self.model.decoder.embedding_size * vocab)
         with self.ctx:
             for start in range(0, len(order), self.batch_size):
                 part = order[start:start + self.batch_size]

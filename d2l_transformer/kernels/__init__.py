@@ -52,8 +52,7 @@ HEADERS = [os.path.join(HERE, "common.h")]
 FLAGS = ["-O3", "-std=c++14", "-fno-trapping-math", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
 _state = {"loaded": None,  # None = not tried, True/False = the outcome
-          "active": 0,  # the `fused` blocks now open
-          "threads": 1}  # the engine's CPU worker's OpenMP threads (`use_threads`)
+          "active": 0}  # the `fused` blocks now open
 
 
 def _mxnet_dir():
@@ -169,19 +168,17 @@ def fused(ctx):
         _state["active"] -= on
 
 
-def use_threads(work):
-    """Run the CPU operators that follow with the threads `_threads.threads_for(work)` asks
-    for (one for small work, every physical core for big), where this package manages the
-    threads and the kernels load; else leave them alone. `work`: the multiply-adds of the
-    biggest product of one call (the output layer's rows x hidden x vocabulary). Returns the
-    thread count now in force, or None when it is not ours to set."""
-    n = _threads.threads_for(work)
-    if n is None or (n != _state["threads"] and not load()):
-        return None
-    if n != _state["threads"]:  # the engine runs it on its CPU worker, in order with the rest
-        mx.nd.d2t_omp_threads(mx.nd.zeros((1,), ctx=mx.cpu()), threads=n)
-        _state["threads"] = n
-    return n
+def _switch_threads(n):
+    """`_threads`' switch: the engine's CPU worker's OpenMP threads set to n by the
+    ``d2t_omp_threads`` operator, which the engine runs on that worker in order with the
+    others (`threads.cc`); False when the library does not load."""
+    if not load():
+        return False
+    mx.nd.d2t_omp_threads(mx.nd.zeros((1,), ctx=mx.cpu()), threads=n)
+    return True
+
+
+_threads.set_switch(_switch_threads)  # the threads' one door is `_threads.size_for`
 
 
 def active():

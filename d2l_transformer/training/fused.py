@@ -4,14 +4,15 @@
 `DotProductAttention` blocks in it, and the loss, become new blocks of subclasses that run a
 kernel where a graph traced inside ``kernels.fused(ctx)`` on a CPU computes the same function,
 and the chapter's own code everywhere else (imperative calls, GPU contexts, kernels switched
-off), sharing the caller's parameters. The caller's blocks keep their class and state. The
-chapter's files do not know this module.
+off; in graphs, the attention's one exception below), sharing the caller's parameters. The
+caller's blocks keep their class and state. The chapter's files do not know this module.
 
 * attention with valid lengths (every attention of the chapter's training graph):
   ``transpose_qkv``, scores / sqrt(d), the masked softmax, the weights' dropout, the weighted
-  sum and ``transpose_output`` as one operator (`kernels.attention`); without the kernels, a
-  graph's masked softmax is MXNet's ``softmax(length=...)`` (the same probabilities to 1e-7:
-  exp(-1e6 - max) is 0 in float32) and sqrt(d) a Python float;
+  sum and ``transpose_output`` as one operator (`kernels.attention`); in every graph where
+  that kernel does not run (GPU, kernels off), the masked softmax is MXNet's
+  ``softmax(length=...)`` (the same probabilities to 1e-7: exp(-1e6 - max) is 0 in float32)
+  and sqrt(d) a Python float (`GraphDotProductAttention`, on purpose not behind `_kernels_on`);
 * add & norm: ``LayerNorm(dropout(Y) + X)`` as one operator (`kernels.layer_norm`);
 * the loss: a label-smoothed or per-token `MaskedSoftmaxCELoss` as one operator
   (`kernels.softmax_ce`); the chapter's own loss keeps MXNet's operators.
@@ -23,9 +24,8 @@ import weakref
 from collections import OrderedDict
 
 import mxnet as mx
-from mxnet.gluon import Block, HybridBlock
 
-from .. import _graphs, kernels
+from .. import _gluon, _graphs, kernels
 from ..attention import DotProductAttention, MultiHeadAttention
 from ..layers import AddNorm
 from .loss import MaskedSoftmaxCELoss
@@ -37,7 +37,17 @@ def _kernels_on(F):
 
 
 class GraphDotProductAttention(DotProductAttention):
-    """In a graph: sqrt(d) as a Python float and one ``softmax(length=...)``."""
+    """d2l 9.1's attention in a graph: sqrt(d) as a Python float and one
+    ``softmax(length=...)``, the chapter's probabilities to 1e-7 (design.md, "Operator choices
+    that give the same values"); imperatively, the chapter's code.
+
+    It does not ask `_kernels_on`, on purpose: it calls no kernel, only MXNet's operators, so
+    it is the fast path's attention in every graph `run` traces — CPU or GPU, kernels on or
+    off (with them on, `FusedMultiHeadAttention` replaces it where the kernel applies). The
+    chapter's form traced in a graph reads sqrt(d) from the shape and masks with ``where`` and
+    ``full_like``, whose broadcasting backward passes cost more than the softmax; the fast path
+    promises the chapter's values to float rounding only (tests/test_fast.py), and the exact
+    runs never call `run`."""
 
     sqrt_d = None  # set by `_mirror` from the attention holding this block
 
@@ -59,7 +69,7 @@ class FusedMultiHeadAttention(MultiHeadAttention):
     """Projections, then the attention core with valid lengths as one kernel, then W_o."""
 
     def hybrid_forward(self, F, query, key, value, valid_length=None):
-        rate = self.attention.dropout._rate
+        rate = _gluon.dropout_rate(self.attention.dropout)
         if not _kernels_on(F) or self.tile_valid_lengths or valid_length is None \
                 or not 0 <= rate < 1:
             return super().hybrid_forward(F, query, key, value, valid_length)
@@ -76,7 +86,8 @@ class FusedAddNorm(AddNorm):
         if not _kernels_on(F):
             return super().hybrid_forward(F, X, Y)
         gamma, beta = (p.var().as_np_ndarray() for p in (self.norm.gamma, self.norm.beta))
-        return kernels.layer_norm(F, Y, X, gamma, beta, self.norm._epsilon, self.dropout._rate)
+        return kernels.layer_norm(F, Y, X, gamma, beta, _gluon.layer_norm_eps(self.norm),
+                                  _gluon.dropout_rate(self.dropout))
 
 
 class FusedMaskedSoftmaxCELoss(MaskedSoftmaxCELoss):
@@ -100,26 +111,21 @@ _MIRRORS = weakref.WeakKeyDictionary()  # graph -> (the graph `run` calls, the k
 def _mirror(block, memo):
     """The fast graph's own copy of `block`: `block` itself where nothing under it is fused;
     else a new block of its fused class (or its own) with `block`'s state and parameters (the
-    same Parameter objects) and its children mirrored. The caller's blocks are not changed."""
+    same Parameter objects) and its children mirrored (`_gluon.copy_block`). The caller's
+    blocks are not changed."""
     if id(block) in memo:
         return memo[id(block)]
-    children = OrderedDict((n, _mirror(c, memo)) for n, c in block._children.items())
+    own = _gluon.children(block)
+    children = OrderedDict((n, _mirror(c, memo)) for n, c in own.items())
     cls = _FUSED.get(type(block), type(block))
-    if cls is type(block) and all(c is block._children[n] for n, c in children.items()):
+    if cls is type(block) and all(c is own[n] for n, c in children.items()):
         memo[id(block)] = block
         return block
-    copy = cls.__new__(cls)
-    copy.__dict__.update(block.__dict__)
-    swap = {id(block._children[n]): c for n, c in children.items()}
-    for name, value in block.__dict__.items():
-        if isinstance(value, Block) and id(value) in swap:  # self.attention = ... -> the copy
-            copy.__dict__[name] = swap[id(value)]
-    copy.__dict__["_children"] = children
-    if isinstance(copy, HybridBlock):
-        copy._clear_cached_op()  # its own graph, traced with the kernels
+    copy = _gluon.copy_block(block, cls, children)  # its own graph, traced with the kernels
     if isinstance(copy, MultiHeadAttention) and isinstance(copy.attention,
                                                           GraphDotProductAttention):
-        copy.attention.sqrt_d = math.sqrt(copy.W_o._units // copy.num_heads)  # d of the heads
+        hidden = copy.W_o.weight.shape[0]  # W_o's units: (units, in_units) before init too
+        copy.attention.sqrt_d = math.sqrt(hidden // copy.num_heads)  # d of the heads
     memo[id(block)] = copy
     return copy
 
@@ -137,7 +143,7 @@ def run(graph, *args):
     (`_graphs.invalidate`). A graph not hybridized runs the chapter's code."""
     mode = kernels.active()
     mirror, traced_with = _MIRRORS.get(graph, (None, None))
-    if mirror is None or traced_with != mode or getattr(mirror, "_cached_op", None) is None:
+    if mirror is None or traced_with != mode or not _gluon.has_graph(mirror):
         mirror = _mirror(graph, {})
         if mirror is not graph:
             _graphs.track_copy(mirror, graph)

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as onp
 from mxnet import init
 
-from .. import kernels
+from .. import _threads
 from ..distributed.kvstore import GlobalSum, is_distributed
 from .loss import MaskedSoftmaxCELoss
 from .optim import make_trainer
@@ -172,8 +172,8 @@ def _train_epoch(model, data_iter, step, ctxs, epoch, *, parallel, per_width, si
         Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
         if not done and size_threads:  # threads for this size (`_threads`), each epoch
             dec = model.decoder
-            kernels.use_threads(X.shape[0] // len(ctxs) * Y_label.shape[1]
-                                * dec.embedding_size * dec.dense._units)
+            _threads.size_for(X.shape[0] // len(ctxs) * Y_label.shape[1]
+                              * dec.embedding_size * dec.dense.weight.shape[0])  # V: its units
         batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
         loss_sum += batch_loss  # device arrays on the fast path: no sync here
         ce_sum += batch_loss * (Y_label.shape[1] if per_width else 1)  # undo the mean over positions
@@ -195,7 +195,7 @@ def _epoch_totals(sums, health, global_sum, epoch, trainer):
     if flags is not None and values[3]:
         raise FloatingPointError(
             f"epoch {epoch}: the gradient's global norm was not finite (NaN or Inf) at "
-            f"{values[3]:.0f} of {trainer._optimizer.num_update} updates so far, first at update "
+            f"{values[3]:.0f} of {trainer.optimizer.num_update} updates so far, first at update "
             f"{values[4]:.0f}; those updates were skipped. Lower the learning rate or check "
             "the data")
     return totals

@@ -61,7 +61,7 @@ class ClipAdam:
     MAX_FUSED = 50  # multi_adamw_update's limit in MXNet 1.9 (more arrays crash)
 
     def __init__(self, trainer, params, theta, ctxs=None, *, per_token=False):
-        opt = trainer._optimizer
+        opt = trainer.optimizer
         if not trainer._kv_initialized:
             trainer._init_kvstore()
         if trainer._params_to_init:
@@ -85,7 +85,7 @@ class ClipAdam:
 
     @staticmethod
     def supports(trainer):
-        opt = trainer._optimizer
+        opt = trainer.optimizer
         one_device = len(trainer._contexts) == 1 and \
             trainer._kvstore_params.get("kvstore") in ("device", None)
         return (type(opt) is mx.optimizer.Adam and not opt.multi_precision

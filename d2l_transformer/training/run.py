@@ -169,7 +169,7 @@ class _Run:
         check_out_dir(out_dir, resume=resume, overwrite=overwrite)
         self.cfg, self.out_dir, self.seed, self.resume, self.log = cfg, out_dir, seed, resume, log
         self.ctxs = ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
-        self.fast = fast and not cfg.exact_chapter  # the book's bugs live in the imperative code
+        self.fast = fast and not cfg.imperative_only  # exact runs, the seq2seq models
         if resume and out_dir is None:
             raise RunError("resuming needs the model directory of the run")
         self.kvstore = kvstore = (create_kvstore(kvstore) if isinstance(kvstore, str) or kvstore is None
@@ -294,7 +294,7 @@ class _Run:
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
                 fast=self.fast, kvstore=self.kvstore, on_batch=self.bar,
                 clip_per_token=cfg.clip_per_token,
-                size_threads=not cfg.exact_chapter)  # exact: the book's code's threads
+                size_threads=not cfg.imperative_only)  # those: the book's code's threads
         finally:
             if self.bar is not None:
                 self.bar.close()
@@ -354,7 +354,7 @@ class _Run:
         elif self.rank == 0:
             summary["translations"], summary["bleu"] = edition_translations(
                 self.model, self.src_vocab, self.tgt_vocab, cfg, ctx)
-        summary["edition"] = cfg.edition
+        summary.update(edition=cfg.edition, architecture=cfg.architecture)
         summary["cpu_math"] = _cpu_math.describe(str(ctx))  # which kernels made these numbers
         if self.writer:
             self.save()

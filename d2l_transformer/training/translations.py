@@ -6,7 +6,7 @@ from ..book import EDITIONS, SENTENCES
 from ..data import detokenize_words
 from ..evaluate import bleu
 from ..inference.decode import chapter_greedy, predict_s2s_ch8, predict_step
-from ..inference.engines import translator_options
+from ..inference.engines import MXNetEngine
 from ..inference.limits import chapter_only
 from ..inference.translator import Translator
 
@@ -14,10 +14,11 @@ from ..inference.translator import Translator
 def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):
     """The chapter's four sentences translated by its `predict_s2s_ch8` (in exact mode with the
     chapter's behaviour): ``{sentence: translation}``. A subword model gets them as text
-    (``Go.``) through its tokenizer, greedy, and answers in text."""
+    (``Go.``) through its tokenizer, greedy (`MXNetEngine`: the chapter's loop for a seq2seq
+    model), and answers in text."""
     if tokenizer is not None and tokenizer.kind != "word":
-        translator = Translator(model, src_vocab, tgt_vocab, ctx, **translator_options(cfg))
-        hyps = translator.translate([tokenizer.encode(detokenize_words(s)) for s in SENTENCES])
+        engine = MXNetEngine(model, src_vocab, tgt_vocab, cfg, tokenizer, ctx)
+        hyps = engine.translate([tokenizer.encode(detokenize_words(s)) for s in SENTENCES])
         return {s: tokenizer.decode(h.tokens) for s, h in zip(SENTENCES, hyps)}
     return {s: predict_s2s_ch8(model, s, src_vocab, tgt_vocab, cfg.num_steps, ctx)
             for s in SENTENCES}

@@ -138,3 +138,38 @@ def validation_curve(summary):
     ``validation`` records: each has the training seconds before it)."""
     return [(r["epoch"], r["train_seconds"] / 60, r["valid_bleu"])
             for r in summary.get("validation", [])]
+
+
+def plot_claim(groups, path, names):
+    """9.3.7's claim as curves: loss against epoch (left) and against seconds (right), one row
+    per code (the book's, the package's), one line per model, the median over the seeds with
+    their range as a band. groups: ``{(architecture, code): [summary, ...]}``
+    (`claim.group`); names: ``{architecture: label}``."""
+    codes = sorted({code for _, code in groups}, reverse=True)
+    fig, axes = plt.subplots(len(codes), 2, figsize=(9, 3 * len(codes)), squeeze=False)
+    for row, code in zip(axes, codes):
+        for architecture, label in names.items():
+            summaries = groups.get((architecture, code))
+            if not summaries:
+                continue
+            epochs = min(len(s["epoch_history"]) for s in summaries)
+            losses = [[h[1] for h in s["epoch_history"][:epochs]] for s in summaries]
+            per_epoch = sorted(s["train_seconds"] / len(s["epoch_history"]) for s in summaries)
+            mid = [sorted(col)[len(col) // 2] for col in zip(*losses)]
+            low, high = [min(col) for col in zip(*losses)], [max(col) for col in zip(*losses)]
+            x_epoch = list(range(1, epochs + 1))
+            x_seconds = [e * per_epoch[len(per_epoch) // 2] for e in x_epoch]
+            for ax, x in ((row[0], x_epoch), (row[1], x_seconds)):
+                line, = ax.plot(x, mid, label=label)
+                ax.fill_between(x, low, high, color=line.get_color(), alpha=0.25)
+        for ax, xlabel in zip(row, ("epoch", "seconds (median s/epoch x epoch)")):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("loss")
+            ax.set_title(code)
+        row[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -59,8 +59,11 @@ def import_ctranslate2(what="--format ctranslate2"):
 def check(cfg, quantization):
     """ExportError (one line) for what CTranslate2 cannot express."""
     if cfg.norm != "layer":
-        raise ExportError(f"CTranslate2 has no {cfg.norm!r} norm (ScaleNorm); this model can be "
-                          "exported with --format mxnet")
+        raise ExportError(f"CTranslate2 has no {cfg.norm!r} norm (only LayerNorm); this model can "
+                          "be exported with --format mxnet")
+    if cfg.pos_encoding in ("none", "alibi"):
+        raise ExportError(f"CTranslate2's Transformer adds a position table: this model has none "
+                          f"(pos_encoding {cfg.pos_encoding}); it can be exported with --format mxnet")
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"unknown quantization {quantization!r}: use one of "
                           f"{', '.join(QUANTIZATIONS)}")

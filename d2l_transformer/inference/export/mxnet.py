@@ -28,7 +28,7 @@ import mxnet as mx
 from mxnet import np
 from mxnet.gluon import nn
 
-from ... import checkpoint
+from ... import _gluon, checkpoint
 from ..step import DecoderStep, EncoderKV, call, hybridized
 from .source import copy_file, decoding_rules, limit_text, tokens_manifest, write_tokenizer_files
 
@@ -104,7 +104,7 @@ def _trace_and_export(model, cfg, src_vocab, tgt_vocab, directory, ctx):
              *caches)
         mx.nd.waitall()
     for graph, name in ((encoder, ENCODER), (step, STEP)):
-        if "d2t_" in graph._cached_graph[1].tojson():  # our own bug: a kernel in the graph
+        if "d2t_" in _gluon.graph_json(graph):  # our own bug: a kernel in the graph
             raise RuntimeError(f"the exported {name} graph contains a fused kernel")
         graph.export(os.path.join(directory, name), epoch=0)
     return len(kv) // 2, kv[0].shape[-1]

@@ -1,0 +1,91 @@
+"""The one place that knows Gluon blocks' private attributes (MXNet 1.9.1's ``gluon/block.py``
+and ``gluon/nn/basic_layers.py``), for what Gluon has no public route to.
+
+Public routes are used elsewhere: a Dense layer's units are ``dense.weight.shape[0]`` (known
+before initialisation, ``(units, 0)`` while deferred), a block and its descendants are
+``block.apply``'s walk. What is left, here:
+
+* a block's named children (`children`), and a copy of a block with other children
+  (`copy_block`: the fast path's graph copy, `training.fused`);
+* a block's traced graph: whether it holds one (`has_graph`), its operators (`graph_json`),
+  dropping it (`clear_graph`: `_graphs.invalidate`), hybridizing a block without its children
+  (`hybridize_alone`: the translator's graphs, `inference.step`);
+* the settings of ``nn.Dropout`` and ``nn.LayerNorm``, which they keep privately
+  (`dropout_rate`, `set_dropout_rate`, `layer_norm_eps`), for the fused kernels.
+
+A new MXNet that renames one of them breaks this module only (tests/test_packaging.py checks
+that no other module reads them).
+"""
+
+from collections import OrderedDict
+
+
+def children(block):
+    """``{name: child}`` of `block`'s direct children in registration order (a copy of
+    ``Block._children``)."""
+    return OrderedDict(block._children)
+
+
+def copy_block(block, cls, new_children):
+    """A new block of class `cls` (`block`'s class or a subclass) with `block`'s state — its
+    Parameter objects shared — and its children `new_children` (``{name: child}``, the names
+    of `children(block)`): attributes that held a replaced child hold its replacement. The
+    copy's graph is its own, traced at its first call; `block` is not changed."""
+    copy = cls.__new__(cls)
+    copy.__dict__.update(block.__dict__)  # a Block's whole state (``Block.__init__``'s fields)
+    swap = {id(block._children[n]): c for n, c in new_children.items()}
+    for name, value in block.__dict__.items():
+        if id(value) in swap:  # self.attention = ... -> the replacement
+            copy.__dict__[name] = swap[id(value)]
+    copy.__dict__["_children"] = OrderedDict(new_children)
+    clear_graph(copy)
+    return copy
+
+
+def has_graph(block):
+    """Whether `block` holds a traced graph (``HybridBlock._cached_op``; never a plain Block)."""
+    return getattr(block, "_cached_op", None) is not None
+
+
+def graph_json(block):
+    """The JSON of `block`'s traced graph (the symbol in ``HybridBlock._cached_graph``), to
+    check which operators it holds; None before its first traced call."""
+    graph = getattr(block, "_cached_graph", ())
+    return graph[1].tojson() if graph else None
+
+
+def clear_graph(block):
+    """Drop `block`'s traced graph (``HybridBlock._clear_cached_op``): its next call traces
+    again. A plain Block has none."""
+    clear = getattr(block, "_clear_cached_op", None)
+    if clear is not None:
+        clear()
+
+
+def hybridize_alone(block, **flags):
+    """``block.hybridize(**flags)`` without recursing into its children (Gluon's recurses,
+    which would hybridize the caller's own model); the graph is traced through them all the
+    same. Returns `block`."""
+    kept, block._children = block._children, OrderedDict()
+    try:
+        block.hybridize(**flags)
+    finally:
+        block._children = kept
+    return block
+
+
+def dropout_rate(dropout):
+    """The rate of an ``nn.Dropout`` (``Dropout._rate``, its constructor's `rate`)."""
+    return dropout._rate
+
+
+def set_dropout_rate(dropout, rate):
+    """Set an ``nn.Dropout``'s rate (``Dropout._rate``); the graphs that contain it must be
+    traced again (`_graphs.invalidate`)."""
+    dropout._rate = rate
+
+
+def layer_norm_eps(norm):
+    """The epsilon of an ``nn.LayerNorm`` (``LayerNorm._epsilon``, its constructor's
+    `epsilon`, what its forward passes to the operator)."""
+    return norm._epsilon
