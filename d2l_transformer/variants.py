@@ -14,7 +14,7 @@ import math
 from mxnet import init, np
 from mxnet.gluon import nn
 
-from . import _graphs
+from . import _gluon, _graphs
 from ._names import SameNames as _SameNames
 from .attention import _F, DotProductAttention, MultiHeadAttention
 from .layers import AddNorm, PositionWiseFFN
@@ -131,7 +131,7 @@ class VariantMultiHeadAttention(_SameNames, MultiHeadAttention):
         is traced again (`_graphs.invalidate`)."""
         if getattr(self.attention, "drophead", None) is None:
             raise ValueError("this attention was built without drophead")
-        self.attention.drophead._rate = rate
+        _gluon.set_dropout_rate(self.attention.drophead, rate)
         _graphs.invalidate(self)
 
 

@@ -223,11 +223,6 @@ def test_every_function_is_at_most_60_code_lines():
 
 GLUON_PRIVATE = {"_children", "_cached_op", "_cached_graph", "_clear_cached_op", "_rate",
                  "_epsilon", "_units", "_kwargs"}  # Gluon blocks' private attributes
-NOT_YET = {  # (module, attribute) still to move; each line names its replacement
-    ("d2l_transformer/variants.py", "_rate"),  # DropHead's rate: `_gluon.set_dropout_rate`
-}
-
-
 def test_gluon_block_internals_are_read_in_one_module():
     """Only `_gluon.py` reads or writes a Gluon block's private attributes (a new MXNet that
     renames one breaks that module only); everywhere else uses its functions or public API."""
@@ -239,4 +234,4 @@ def test_gluon_block_internals_are_read_in_one_module():
             tree = ast.parse(open(os.path.join(ROOT, f), encoding="utf-8").read())
             found |= {(f, node.attr) for node in ast.walk(tree)
                       if isinstance(node, ast.Attribute) and node.attr in GLUON_PRIVATE}
-    assert found - NOT_YET == set()
+    assert found == set()
