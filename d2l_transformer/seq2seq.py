@@ -8,8 +8,10 @@ from that state. The book's flaw is a switch of the encoder's, off by default (d
 * ``state_after_padding``: (a) the encoder ignores the valid lengths, so the state it returns
   is the LSTM's state after the padding steps, not after the last real token; (b) so the
   decoder's initial state depends on how much padding follows the sentence. Off, the encoder
-  runs the LSTM a step at a time and each sentence's state stops at its last real token (MXNet's
-  ``use_sequence_length`` is cuDNN's alone: on a CPU it ignores the lengths).
+  runs the LSTM in one call up to the shortest sentence's end, then a step at a time up to the
+  longest's, each sentence's state kept from its last real token on (MXNet's
+  ``use_sequence_length`` is cuDNN's alone: on a CPU it ignores the lengths); its outputs after
+  the longest sentence's end are zeros, which no attention reads.
 """
 
 from mxnet import np
@@ -38,12 +40,21 @@ class Seq2SeqEncoder(Encoder):
         valid_length = args[0] if args else None
         if self.state_after_padding or valid_length is None:
             return self.rnn(X, state)
+        steps = X.shape[0]
+        lengths = valid_length.asnumpy()  # how many steps to run: the host decides
+        shortest, longest = (min(int(n), steps) for n in (lengths.min(), lengths.max()))
         outputs = []
-        for t in range(X.shape[0]):
+        if shortest:  # every sentence is real up to the shortest one's end: one call
+            out, state = self.rnn(X[:shortest], state)  # (shortest, batch, num_hiddens)
+            outputs.append(out)
+        for t in range(shortest, longest):  # then a step at a time, each row's state kept
             out, new = self.rnn(X[t:t + 1], state)  # out: (1, batch, num_hiddens)
             real = (valid_length > t).reshape(1, -1, 1)  # (1, batch, 1): step t is a real token
             state = [np.where(real, n, s) for n, s in zip(new, state)]
             outputs.append(out)
+        if longest < steps:  # padding only: never attended to (masked), so not computed
+            outputs.append(np.zeros((steps - longest, X.shape[1], state[0].shape[-1]),
+                                    ctx=X.context))
         return np.concatenate(outputs, axis=0), state  # (seq_len, batch, num_hiddens)
 
 
