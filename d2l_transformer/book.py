@@ -29,19 +29,29 @@ def compare_table(runs):
 
     runs: ``[(title, summary), ...]`` with summaries as written by the chapter script.
     """
-    header = ["", "book"] + [title for title, _ in runs]
-    rows = [["loss (book units)", f"{BOOK_LOSS:.3f}"]
-            + [f"{s['loss']:.3f} ({'match' if _loss_matches(s['loss']) else 'differs'})"
-               for _, s in runs]]
-    rows.append(["loss per token", "-"] + [f"{s['loss_per_token']:.3f}" for _, s in runs])
+    return _runs_table(runs, book=True)
+
+
+def _runs_table(runs, book):
+    """One column per run: loss, loss per token, the four translations, tokens/sec, context;
+    with `book`, the 2019 chapter's printed column first and match/differs on the loss and the
+    translations."""
+
+    def cells(printed, values, matches=None):
+        if book and matches is not None:
+            values = [f"{v} ({'match' if m else 'differs'})" for v, m in zip(values, matches)]
+        return ([printed] if book else []) + list(values)
+
+    summaries = [s for _, s in runs]
+    rows = [["loss (book units)"] + cells(f"{BOOK_LOSS:.3f}", [f"{s['loss']:.3f}" for s in summaries],
+                                          [_loss_matches(s["loss"]) for s in summaries]),
+            ["loss per token"] + cells("-", [f"{s['loss_per_token']:.3f}" for s in summaries])]
     for sentence, expected in BOOK_TRANSLATIONS.items():
-        cells = []
-        for _, s in runs:
-            got = s["translations"].get(sentence, "")
-            cells.append(f"{got} ({'match' if got == expected else 'differs'})")
-        rows.append([sentence, expected] + cells)
-    rows.append(["tokens/sec", "-"] + [f"{s['tokens_per_sec']:.0f}" for _, s in runs])
-    rows.append(["context", "gpu(0)"] + [s["ctx"] for _, s in runs])
+        got = [s["translations"].get(sentence, "") for s in summaries]
+        rows.append([sentence] + cells(expected, got, [g == expected for g in got]))
+    rows.append(["tokens/sec"] + cells("-", [f"{s['tokens_per_sec']:.0f}" for s in summaries]))
+    rows.append(["context"] + cells("gpu(0)", [s["ctx"] for s in summaries]))
+    header = [""] + (["book"] if book else []) + [title for title, _ in runs]
     return _table(header, rows)
 
 
@@ -115,17 +125,9 @@ SECTIONS = {"seq2seq": "8.14 Sequence to Sequence", "attention": "9.2 Sequence t
 
 
 def section_table(name, runs):
-    """The runs of one of the 2019 book's seq2seq models side by side: loss, each of the four
-    sentences' translation, tokens/sec, context (this package holds no printed output of those
-    sections to put beside them)."""
-    header = [""] + [title for title, _ in runs]
-    rows = [["loss (book units)"] + [f"{s['loss']:.3f}" for _, s in runs],
-            ["loss per token"] + [f"{s['loss_per_token']:.3f}" for _, s in runs]]
-    rows += [[sentence] + [s["translations"].get(sentence, "") for _, s in runs]
-             for sentence in SENTENCES]
-    rows.append(["tokens/sec"] + [f"{s['tokens_per_sec']:.0f}" for _, s in runs])
-    rows.append(["context"] + [s["ctx"] for _, s in runs])
-    return f"{SECTIONS[name]} (d2l 0.11.4):\n" + _table(header, rows)
+    """The runs of one of the 2019 book's seq2seq models side by side (`_runs_table`, without
+    a book column: this package holds no printed output of those sections)."""
+    return f"{SECTIONS[name]} (d2l 0.11.4):\n" + _runs_table(runs, book=False)
 
 
 # the later editions' prediction cells: English sentence -> the French reference of d2l's bleu

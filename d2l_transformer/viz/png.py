@@ -1,9 +1,13 @@
 """Figures as PNG files (no screen needed)."""
 
+import statistics
+
 import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402
+
+from ..claim import seconds_per_epoch  # noqa: E402
 
 
 def plot_positional_encoding(Y, path, dims=(4, 5, 6, 7)):
@@ -153,12 +157,12 @@ def plot_claim(groups, path, names):
             if not summaries:
                 continue
             epochs = min(len(s["epoch_history"]) for s in summaries)
-            losses = [[h[1] for h in s["epoch_history"][:epochs]] for s in summaries]
-            per_epoch = sorted(s["train_seconds"] / len(s["epoch_history"]) for s in summaries)
-            mid = [sorted(col)[len(col) // 2] for col in zip(*losses)]
-            low, high = [min(col) for col in zip(*losses)], [max(col) for col in zip(*losses)]
+            losses = list(zip(*[[h[1] for h in s["epoch_history"][:epochs]] for s in summaries]))
+            mid = [statistics.median(col) for col in losses]  # each epoch's, over the seeds
+            low, high = [min(col) for col in losses], [max(col) for col in losses]
+            per_epoch = statistics.median(seconds_per_epoch(s) for s in summaries)
             x_epoch = list(range(1, epochs + 1))
-            x_seconds = [e * per_epoch[len(per_epoch) // 2] for e in x_epoch]
+            x_seconds = [e * per_epoch for e in x_epoch]
             for ax, x in ((row[0], x_epoch), (row[1], x_seconds)):
                 line, = ax.plot(x, mid, label=label)
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.25)
