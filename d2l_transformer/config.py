@@ -69,10 +69,16 @@ class TransformerConfig:
 
     @property
     def imperative_only(self):
-        """Whether this config trains on the chapter's imperative loop alone, with the book's
-        code's threads: an exact run (its bugs live in the imperative code) or a seq2seq model
-        (its encoder and 9.2's decoder step through time in Python, as the book's)."""
+        """Whether this config trains on the chapter's imperative loop alone: an exact run (its
+        bugs live in the imperative code; with the book's code's threads) or a seq2seq model (its
+        encoder and 9.2's decoder step through time in Python, as the book's)."""
         return self.exact_chapter or self.architecture != "transformer"
+
+    @property
+    def output_width(self):
+        """The width of the rows the output layer multiplies: the Transformer's
+        ``embedding_size``, a seq2seq model's ``rnn_hidden_size`` (its LSTMs' units)."""
+        return self.embedding_size if self.architecture == "transformer" else self.rnn_hidden_size
 
     def replace(self, **changes):
         """A copy with some fields changed (the dataclass is frozen)."""

@@ -20,7 +20,13 @@ the exercise's by default), each run once per seed:
   by source-length bucket on the lines after them. fra.txt is ordered by length, so the first
   pairs ARE the short ones (at most N = 6 source tokens): the length test without a filter;
 * padding (norm): the chapter's run with every batch padded to 20 positions, not 10;
-* small_batch (norm): the chapter's run with batches of 8 sentences (20 epochs).
+* small_batch (norm): the chapter's run with batches of 8 sentences (20 epochs);
+* full (only when asked for: about 4 minutes an epoch on 2 cores): ``--preset full``, the whole
+  corpus, ``--full-epochs`` epochs (1 by default): valid BLEU (greedy, 500 valid sentences)
+  and the minutes of training before it, to compare the options at equal minutes.
+
+The chapter's own option (sincos, layer) is the same model in both exercises: its runs live in
+OUT/SETTING/default/ and one ``--out`` shared by both exercises trains it once.
 
 ``--quick``: every setting tiny (200 or 2,000 pairs, 1-2 epochs), a smoke test. A run whose
 summary.json is complete is read again, not retrained (delete OUT to start over).
@@ -40,19 +46,23 @@ from d2l_transformer.inference.engines import MXNetEngine
 
 OPTIONS = {"position": ("pos_encoding", ["sincos", "none", "learned", "alibi"]),
            "norm": ("norm", ["layer", "scale", "batch", "masked_batch"])}
-SETTINGS = {"position": ["chapter", "medium"],
-            "norm": ["chapter", "medium", "padding", "small_batch"]}
+SETTINGS = {"position": ["chapter", "medium", "full"],
+            "norm": ["chapter", "medium", "padding", "small_batch", "full"]}
 MEDIUM = ["num_examples=20000", "num_valid=1000", "num_test=0", "embedding_size=64",
           "ffn_hidden_size=256", "warmup_steps=200", "valid_sentences=500"]
 # (preset, --set items, epochs, --valid-every) per setting; --quick: (its --set items, epochs)
 RUNS = {"chapter": ("chapter", [], 100, None),
         "medium": ("full_word", MEDIUM, 5, 5),
         "padding": ("chapter", ["num_steps=20"], 100, None),
-        "small_batch": ("chapter", ["batch_size=8"], 20, None)}
+        "small_batch": ("chapter", ["batch_size=8"], 20, None),
+        "full": ("full", [], 1, 1)}
 QUICK = {"chapter": (["num_examples=499"], 2), "padding": (["num_examples=499", "num_steps=20"], 1),
          "small_batch": (["num_examples=199", "batch_size=8"], 1),
          "medium": (["num_examples=2000", "num_valid=100", "num_test=0", "embedding_size=32",
-                     "ffn_hidden_size=64", "warmup_steps=10", "valid_sentences=50"], 1)}
+                     "ffn_hidden_size=64", "warmup_steps=10", "valid_sentences=50"], 1),
+         "full": (["num_examples=2000", "num_valid=100", "num_test=100", "embedding_size=32",
+                   "ffn_hidden_size=64", "warmup_steps=10", "valid_sentences=50",
+                   "vocab_size=500"], 1)}
 LOSS_EPOCHS = (10, 50, 100)
 
 
@@ -62,13 +72,15 @@ def cli():
     return beside if os.path.exists(beside) else shutil.which("d2l-transformer")
 
 
-def train(out_dir, setting, field, option, seed, quick):
+def train(out_dir, setting, field, option, seed, args):
     """``d2l-transformer train`` of one option in one setting (skipped when `out_dir` holds a
     complete run); returns its summary.json."""
     preset, items, epochs, valid_every = RUNS[setting]
-    if quick:
+    if setting == "full":
+        epochs = args.full_epochs
+    if args.quick:
         items, epochs = QUICK[setting]
-        valid_every = 1 if setting == "medium" else None
+        valid_every = 1 if setting in ("medium", "full") else None
     path = os.path.join(out_dir, "summary.json")
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -148,8 +160,9 @@ def batched_vs_single(model_dir, num_examples, limit):
 
 def run_setting(args, setting, field, option, seed):
     """One option, one seed, one setting: its numbers."""
-    out_dir = os.path.join(args.out, setting, option, f"seed{seed}")
-    summary = train(out_dir, setting, field, option, seed, args.quick)
+    name = "default" if option == OPTIONS[args.exercise][1][0] else option  # the chapter's
+    out_dir = os.path.join(args.out, setting, name, f"seed{seed}")
+    summary = train(out_dir, setting, field, option, seed, args)
     config = _config(out_dir)
     row = {"setting": setting, "option": option, "seed": seed, "losses": losses(summary),
            "loss": summary["loss"], "loss_per_token": summary.get("loss_per_token")}
@@ -157,6 +170,7 @@ def run_setting(args, setting, field, option, seed):
         row["translations"] = summary.get("translations")
     if summary.get("validation"):
         row["valid_bleu"] = summary["validation"][-1]["valid_bleu"]
+        row["minutes"] = summary["validation"][-1]["train_seconds"] / 60
     per_bucket = 30 if args.quick else 300
     if args.exercise == "position" and setting in ("chapter", "medium"):
         row["bleu_by_length"] = bleu_by_length(out_dir, config["num_examples"], per_bucket)
@@ -190,7 +204,7 @@ def table(rows, setting):
                    key=lambda k: (not k.startswith("<="), k))
     held = [k for k in ("batch 64", "batch 1") if any(k in r.get("heldout", {}) for r in mine)]
     heads = [f"loss@{e}" for e in epochs] + ["loss/token"] + \
-        (["valid BLEU"] if any("valid_bleu" in r for r in mine) else []) + \
+        (["valid BLEU", "minutes"] if any("valid_bleu" in r for r in mine) else []) + \
         [f"BLEU {k}" for k in extra] + [f"held-out BLEU, {k}" for k in held] + \
         (["differing"] if held else [])
     lines = [f"### {setting}", "", "| option | " + " | ".join(heads) + " |",
@@ -201,6 +215,7 @@ def table(rows, setting):
         cells.append(cell([r["loss_per_token"] for r in runs], "%.3f"))
         if "valid BLEU" in heads:
             cells.append(cell([r.get("valid_bleu") for r in runs], "%.1f"))
+            cells.append(cell([r.get("minutes") for r in runs], "%.1f"))
         cells += [cell([r.get("bleu_by_length", {}).get(k, {}).get("bleu") for r in runs], "%.1f")
                   for k in extra]
         cells += [cell([r["heldout"].get(k, {}).get("bleu") for r in runs], "%.1f") for k in held]
@@ -230,11 +245,14 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--quick", action="store_true", help="tiny runs (a smoke test)")
     ap.add_argument("--out", required=True, help="the runs' model directories and the JSON")
-    ap.add_argument("--settings", nargs="+", help="a subset of the exercise's settings")
+    ap.add_argument("--settings", nargs="+",
+                    help="some of the exercise's settings (default: all but full)")
+    ap.add_argument("--full-epochs", type=int, default=1, metavar="E",
+                    help="the full setting's epochs (default 1)")
     ap.add_argument("--options", nargs="+", help="a subset of the exercise's options")
     args = ap.parse_args(argv)
     field, options = OPTIONS[args.exercise]
-    settings = args.settings or SETTINGS[args.exercise]
+    settings = args.settings or [s for s in SETTINGS[args.exercise] if s != "full"]
     unknown = sorted(set(settings) - set(SETTINGS[args.exercise])) + \
         sorted(set(args.options or ()) - set(options))
     if unknown:

@@ -6,7 +6,9 @@
 
 Each run is ``label=MODEL_DIR`` (a model directory written by ``d2l-transformer train
 --valid-every 1``; its summary.json holds the validations with the training seconds before
-each)."""
+each) or ``label=FILE.json:KEY`` (a record of such a run kept in a JSON file, as
+docs/figures/recipe_runs.json keeps the one-hour recipe's candidates). ``--max-minutes M``
+keeps the validations within M minutes of training: runs compared at one budget."""
 
 import argparse
 import json
@@ -21,17 +23,20 @@ def main(argv=None):
     parser.add_argument("--png", required=True, help="where to write the plot")
     parser.add_argument("--target", action="append", default=[],
                         help="minutes,bleu,label: a point to reach, drawn as a cross")
+    parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                        help="only the validations within M minutes of training")
     args = parser.parse_args(argv)
     curves = {}
     for run in args.runs:
         label, sep, path = run.partition("=")
         if not sep:
-            parser.error(f"a run is label=MODEL_DIR, not {run!r}")
+            parser.error(f"a run is label=MODEL_DIR or label=FILE.json:KEY, not {run!r}")
         try:
-            with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
-                curves[label] = validation_curve(json.load(f))
-        except (OSError, ValueError) as e:
-            parser.error(f"cannot read {path}/summary.json: {e}")
+            points = validation_curve(_summary(path))
+        except (OSError, ValueError, KeyError) as e:
+            parser.error(f"cannot read the validations of {path}: {e}")
+        curves[label] = [p for p in points if args.max_minutes is None
+                         or p[1] <= args.max_minutes]
     targets = []
     for t in args.target:
         minutes, bleu, label = t.split(",", 2)
@@ -43,6 +48,16 @@ def main(argv=None):
         for epoch, minutes, bleu in points:
             print(f"| {label} | {epoch} | {minutes:.1f} | {bleu:.2f} |")
     print(f"wrote {args.png}")
+
+
+def _summary(path):
+    """A run's summary: MODEL_DIR/summary.json, or the entry KEY of FILE.json."""
+    file, sep, key = path.rpartition(":")
+    if sep and file.endswith(".json"):
+        with open(file, encoding="utf-8") as f:
+            return json.load(f)[key]
+    with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
 
 
 if __name__ == "__main__":

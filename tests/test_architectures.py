@@ -64,6 +64,34 @@ def test_the_switches_come_from_the_config(exact):
     assert seq2seq.decoder.dense.weight.shape[0] == 14  # the target's vocabulary
 
 
+@pytest.mark.parametrize("preset, threads", [("chapter", 1), ("full", "cores")])
+def test_seq2seq_threads_follow_the_output_layer(preset, threads, monkeypatch):
+    """The corrected seq2seq models size their threads as the Transformer does, by the output
+    layer's products (rows x LSTM units x vocabulary): one at the section's size, every core at
+    `full`'s 256 units; an exact run keeps the process's threads."""
+    import mxnet as mx
+
+    from d2l_transformer import _threads
+    from d2l_transformer.training.loop import train_s2s_ch8
+
+    cfg = preset_config(preset, "0.11", "seq2seq").replace(num_layers=1)
+    vocab = 201 if preset == "chapter" else 4000
+    works = []
+    monkeypatch.setattr(_threads, "size_for", works.append)
+    model = build_model(cfg, vocab, vocab)
+    X = mx.np.ones((cfg.batch_size, cfg.num_steps))
+    vlen = mx.np.full((cfg.batch_size,), cfg.num_steps)
+    for exact in (False, True):
+        train_s2s_ch8(model, [(X, vlen, X, vlen)], cfg.lr, 1, mx.cpu(), size_threads=not exact,
+                      output_width=cfg.output_width)
+    assert works == [cfg.batch_size * (cfg.num_steps - 1) * cfg.rnn_hidden_size * vocab]
+    monkeypatch.setitem(_threads._state, "managed", True)
+    monkeypatch.delenv(_threads.ENV, raising=False)
+    monkeypatch.delenv(_threads.MAX_ENV, raising=False)
+    expected = _threads.physical_cores() if threads == "cores" else threads
+    assert _threads.threads_for(works[0]) == expected
+
+
 @pytest.fixture(scope="module")
 def seq2seq_dir(tmp_path_factory):
     """A corrected 8.14 model, 2 epochs of the chapter's data."""

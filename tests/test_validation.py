@@ -166,3 +166,12 @@ def test_recipe_curves_plots_the_runs_validations(run, tmp_path, capsys):
     bad = subprocess.run([sys.executable, script, "--png", png, run], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "label=MODEL_DIR" in bad.stderr.strip().splitlines()[-1]
+    # a run kept as a record in a JSON file, cut at a budget of minutes
+    kept = tmp_path / "runs.json"
+    minutes = [dict(r, train_seconds=60.0 * r["epoch"]) for r in records]  # a minute an epoch
+    kept.write_text(json.dumps({"A": {"validation": minutes}}))
+    done = subprocess.run([sys.executable, script, "--png", png, "--max-minutes", "3",
+                           f"kept={kept}:A"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| kept |")]
+    assert [int(r.split("|")[2]) for r in rows] == [1, 2, 3]

@@ -254,3 +254,26 @@ def test_exercise_script_quick(tmp_path):
     medium = [r for r in runs if r["setting"] == "medium"]
     assert all(0 <= r["valid_bleu"] <= 100 and "N+1" in r["bleu_by_length"] for r in medium)
     assert "| alibi |" in proc.stdout and "### medium" in proc.stdout
+
+
+@pytest.mark.slow
+def test_exercise_script_full_setting_quick(tmp_path):
+    """The whole-corpus setting's quick form (``--settings full``): valid BLEU with the minutes
+    of training before it, and the chapter's option (``layer``) trained once for both
+    exercises (OUT/full/default)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "exercise_variants.py"
+    for exercise, option in (("norm", "layer"), ("position", "sincos")):
+        proc = subprocess.run([sys.executable, str(script), "--exercise", exercise, "--quick",
+                               "--settings", "full", "--options", option, "--out",
+                               str(tmp_path)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert ("$ train" in proc.stderr) is (exercise == "norm")  # position's reads norm's run
+        run, = json.loads((tmp_path / f"exercise_{exercise}.json").read_text())["runs"]
+        assert run["setting"] == "full" and 0 <= run["valid_bleu"] <= 100 and run["minutes"] > 0
+        assert f"| {option} |" in proc.stdout and "| minutes |" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["default"]

@@ -294,7 +294,8 @@ class _Run:
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
                 fast=self.fast, kvstore=self.kvstore, on_batch=self.bar,
                 clip_per_token=cfg.clip_per_token,
-                size_threads=not cfg.imperative_only)  # those: the book's code's threads
+                size_threads=not cfg.exact_chapter,  # exact: the book's code's threads
+                output_width=cfg.output_width)
         finally:
             if self.bar is not None:
                 self.bar.close()
