@@ -10,6 +10,8 @@ before initialisation, ``(units, 0)`` while deferred), a block and its descendan
 * a block's traced graph: whether it holds one (`has_graph`), its operators (`graph_json`),
   dropping it (`clear_graph`: `_graphs.invalidate`), hybridizing a block without its children
   (`hybridize_alone`: the translator's graphs, `inference.step`);
+* one Parameter used by two blocks after both were built (`share_parameter`: weight tying,
+  `build.tie_embeddings`);
 * the settings of ``nn.Dropout`` and ``nn.LayerNorm``, which they keep privately
   (`dropout_rate`, `set_dropout_rate`, `layer_norm_eps`), for the fused kernels.
 
@@ -40,6 +42,33 @@ def copy_block(block, cls, new_children):
     copy.__dict__["_children"] = OrderedDict(new_children)
     clear_graph(copy)
     return copy
+
+
+def share_parameter(block, name, param):
+    """Make `param` (another block's Parameter) `block`'s parameter `name`, in place of its own:
+    weight tying (Press & Wolf 2017), `build.tie_embeddings`. Gluon 1.x shares Parameters only
+    at construction (``params=``, by name prefix), and ``Block.__setattr__`` refuses to
+    override one, so three private places are changed: ``Block._reg_params[name]`` (what
+    `forward` hands to ``hybrid_forward``, and what ``save_parameters`` names
+    ``prefix.name``), the attribute itself, and the block's ``ParameterDict._params`` (what
+    ``collect_params`` gathers: the block's own Parameter leaves it and `param` enters under
+    its own name, so the Trainer and every count see `param` once). Before initialisation
+    only; the shapes must agree where both are known (a deferred Dense weight is ``(units,
+    0)``, ``(units, -1)`` in numpy mode). The block's traced graph, if any, is dropped.
+    Returns `block`."""
+    own = block._reg_params[name]
+    if own is param:
+        return block
+    if len(own.shape) != len(param.shape) or any(
+            a > 0 and b > 0 and a != b for a, b in zip(own.shape, param.shape)):
+        raise ValueError(f"cannot share {param.name} {param.shape} as {own.name} {own.shape}")
+    block._reg_params[name] = param
+    object.__setattr__(block, name, param)  # Block.__setattr__ asserts against overriding
+    entries = block.params._params  # ParameterDict: {full name: Parameter}
+    del entries[own.name]
+    entries[param.name] = param
+    clear_graph(block)
+    return block
 
 
 def has_graph(block):

@@ -22,6 +22,11 @@ model directory only (`is_model_dir`), never a directory or file it did not writ
 resolves the path once and reads every file from that version (the previous version stays
 on disk until the next save is complete), checks the manifest, then the shapes of the
 parameters against the model the config and vocabularies build; any mismatch is one line.
+
+A model with tied embeddings (``tie_embeddings``, `build.tie_embeddings`) holds one Parameter
+in several places: params.params has it under each structural name that uses it (the same
+bytes), and `load` builds the tied model and fills each of those names into that Parameter,
+so the tie holds after loading; an ``"all"`` model's two vocabularies must be one.
 """
 
 import errno
@@ -120,6 +125,7 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
     files (the sentencepiece models of a subword tokenizer) are kept too. ``keep``: names of
     model directories inside the existing `directory` (``best``, ``average``) that the new
     version keeps (outside the manifest: each has its own)."""
+    _check_joint(cfg, src_vocab, tgt_vocab, os.path.abspath(directory))
     old = atomic.resolve_dir(directory) if keep else None
 
     def fill(tmp_dir):
@@ -138,6 +144,17 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
             for name in keep:
                 _carry(old, tmp_dir, name)
     return atomic.write_dir(directory, fill, replaceable=is_model_dir)
+
+
+def _check_joint(cfg, src_vocab, tgt_vocab, shown):
+    """CheckpointError (one line) when a model with ``tie_embeddings="all"`` (one matrix for
+    both languages' tokens, `build.tie_embeddings`) has two different vocabularies: its source
+    id i and target id i must be one token (a joint sentencepiece model, `data.tokenize`)."""
+    if cfg.tie_embeddings == "all" and \
+            src_vocab.idx_to_token != tgt_vocab.idx_to_token:
+        raise CheckpointError(f"model directory {shown}: tie_embeddings all shares one embedding "
+                              "between the languages, but the source and target vocabularies "
+                              "differ (train it with one joint subword vocabulary)")
 
 
 class _Dir:
@@ -227,6 +244,7 @@ def _load(d, ctxs):
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"model directory {d.shown}: {e}") from None
+    _check_joint(cfg, src_vocab, tgt_vocab, d.shown)
     summary = d.read_json(SUMMARY)
     _cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
     model = build_model(cfg, len(src_vocab), len(tgt_vocab))

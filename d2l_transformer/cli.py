@@ -138,6 +138,10 @@ def _train_config(args):
     try:
         overrides = load_overrides(args.config) if args.config else {}
         overrides.update(parse_overrides(args.set or []))
+        if args.exact_chapter and not args.resume:
+            overrides["exact_chapter"] = True
+        if args.max_pairs is not None and not args.resume:
+            overrides["num_examples"] = args.max_pairs - 1  # d2l keeps lines 0..num_examples
         if args.resume:
             cfg = resume_overrides(checkpoint.load_config(args.out), overrides)
         else:
@@ -147,11 +151,6 @@ def _train_config(args):
         if isinstance(e, checkpoint.CheckpointError):
             raise
         raise UserError(str(e)) from None
-    if not args.resume:
-        if args.exact_chapter:
-            cfg = cfg.replace(exact_chapter=True)
-        if args.max_pairs is not None:
-            cfg = cfg.replace(num_examples=args.max_pairs - 1)  # d2l keeps lines 0..num_examples
     if args.epochs is not None:
         cfg = cfg.replace(num_epochs=args.epochs)
     return cfg

@@ -35,6 +35,9 @@ class TransformerConfig:
     drophead: float = 0.0
     fused_qkv: bool = False
     pos_encoding: str = "sincos"  # the chapter's; "none", "learned" or "alibi" (ALiBi)
+    # weight tying (Press & Wolf 2017): "none" (the chapter's), "target" (the decoder's embedding
+    # is its output layer's weight), "all" (and the encoder's, over one joint subword vocabulary)
+    tie_embeddings: str = "none"
     # beyond the chapter (the `full` preset); the defaults keep the chapter's run unchanged
     min_freq: int = 3  # d2l's vocabulary threshold
     label_smoothing: float = 0.0  # paper 5.4: 0.1
@@ -73,6 +76,23 @@ class TransformerConfig:
         bugs live in the imperative code; with the book's code's threads) or a seq2seq model (its
         encoder and 9.2's decoder step through time in Python, as the book's)."""
         return self.exact_chapter or self.architecture != "transformer"
+
+    @property
+    def variants(self):
+        """``{field: value}`` of the variants this config asks for (docs/variants.md): the
+        `VARIANTS` fields off the value that builds the chapter's model."""
+        return {name: getattr(self, name) for name, off in VARIANTS.items()
+                if getattr(self, name) != off}
+
+    @property
+    def variants_problem(self):
+        """Why this config's variants cannot be built (they need the corrected Transformer),
+        in one line, or None."""
+        if self.variants and (self.exact_chapter or self.architecture != "transformer"):
+            return (f"the variants ({', '.join(self.variants)}) need the corrected Transformer, "
+                    "not " + ("exact_chapter" if self.exact_chapter
+                              else f"the {self.architecture} model"))
+        return None
 
     @property
     def output_width(self):
@@ -133,6 +153,10 @@ class TransformerConfig:
                             "subwords, buckets or held-out parts of ours")
         if self.architecture != "transformer" and self.edition != "0.11":
             problems.append(f"the {self.architecture} model is the 2019 book's (edition 0.11)")
+        if self.variants_problem:
+            problems.append(self.variants_problem)
+        if self.tie_embeddings == "all" and self.tokenizer != "subword":
+            problems.append("tie_embeddings all needs one joint vocabulary: tokenizer subword")
         if self.tokenizer == "subword" and self.vocab_size < 1:
             problems.append("the subword tokenizer needs vocab_size >= 1")
         if problems:
@@ -156,8 +180,12 @@ class TransformerConfig:
 
 
 ARCHITECTURES = ("transformer", "seq2seq", "attention")  # the chapter's, 8.14's, 9.2's
+# the variants' fields (docs/variants.md), each with the value that builds the chapter's model
+VARIANTS = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0.0,
+            "drophead": 0.0, "fused_qkv": False, "pos_encoding": "sincos", "tie_embeddings": "none"}
 _CHOICES = {"norm": ("layer", "scale", "batch", "masked_batch"), "tokenizer": ("word", "subword"),
             "pos_encoding": ("sincos", "none", "learned", "alibi"),
+            "tie_embeddings": ("none", "target", "all"),
             "loss_reduction": ("book", "token"), "split_by": ("source", "pair"),
             "edition": ("0.11", "0.17", "1.0"), "architecture": ARCHITECTURES}
 # what a resumed run may change: the schedule and regularisation, not the model or its data

@@ -192,6 +192,22 @@ def test_the_default_engine_threads(monkeypatch, cores, threads):
     assert default_engine_threads() == threads
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--exact-chapter", "--set", "pre_norm=true"],
+     "the variants (pre_norm) need the corrected Transformer, not exact_chapter"),
+    (["--exact-chapter", "--set", "tie_embeddings=target"],
+     "the variants (tie_embeddings) need the corrected Transformer, not exact_chapter"),
+    (["--architecture", "seq2seq", "--set", "pos_encoding=alibi"],
+     "the variants (pos_encoding) need the corrected Transformer, not the seq2seq model")])
+def test_variants_of_a_model_without_them_are_one_line(tmp_path, capsys, flags, message):
+    """--exact-chapter and --architecture join the config's own check: a variant they cannot
+    take is refused in one line before anything trains or is written."""
+    out = tmp_path / "m"
+    assert cli.main(["train", "--epochs", "1", "--out", str(out)] + flags) == cli.EXIT_ERROR
+    assert capsys.readouterr().err == f"error: bad config: {message}\n"
+    assert not out.exists()
+
+
 def test_a_negative_engine_threads_is_one_line(tmp_path, capsys):
     """Checked before anything loads, whichever engine and command."""
     for argv in (["translate", "--model", str(tmp_path), "go ."],

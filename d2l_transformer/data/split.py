@@ -144,20 +144,23 @@ def split_corpus(num_examples=None, num_valid=0, num_test=0, path=None, by="sour
                       SPLIT_SEED)
 
 
-def make_tokenizer(kind, train, vocab_size):
-    """A tokenizer of `kind` ("word" or "subword"), subwords trained on the `train` Pairs."""
+def make_tokenizer(kind, train, vocab_size, joint=False):
+    """A tokenizer of `kind` ("word" or "subword"), subwords trained on the `train` Pairs;
+    ``joint``: one sentencepiece model of both languages (``tie_embeddings="all"``)."""
+    if joint and kind != "subword":
+        raise TokenizerError(f"a joint vocabulary needs the subword tokenizer, not {kind!r}")
     if kind == "word":
         return WordTokenizer()
     if kind == "subword":
         if vocab_size < 1:
             raise TokenizerError("the subword tokenizer needs vocab_size >= 1")
-        return SubwordTokenizer.train(train.source, train.target, vocab_size)
+        return SubwordTokenizer.train(train.source, train.target, vocab_size, joint)
     raise TokenizerError(f"unknown tokenizer {kind!r}: use one of {', '.join(TOKENIZERS)}")
 
 
 def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
                     num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1,
-                    tokenizer="word", vocab_size=0, split_by="source"):
+                    tokenizer="word", vocab_size=0, split_by="source", joint_vocab=False):
     """`load_data_nmt` with a held-out split (`split_corpus`) and optional bucketing, for
     corpora beyond the chapter's 1001 pairs: a `SplitData` ``(src_vocab, tgt_vocab,
     train_iter, valid, test, tokenizer)``; valid and test are `Pairs` of text.
@@ -167,10 +170,13 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
     part; the vocabularies are its pieces), or a tokenizer object (one loaded from a model
     directory, to resume). ``num_buckets > 0``: `BucketBatches`, whose list of batches is
     sharded between ``num_workers`` workers; else the chapter's padded arrays, whose
-    sentences are sharded (`shard`). ``split_by``: see `split_corpus`.
+    sentences are sharded (`shard`). ``split_by``: see `split_corpus`. ``joint_vocab``: a new
+    subword tokenizer is one model of both languages, one vocabulary (``tie_embeddings="all"``:
+    ``joint_vocab=cfg.tie_embeddings == "all"``); a tokenizer object is used as it is.
     """
     train, valid, test = split_corpus(num_examples, num_valid, num_test, path, split_by)
-    tok = make_tokenizer(tokenizer, train, vocab_size) if isinstance(tokenizer, str) else tokenizer
+    tok = (make_tokenizer(tokenizer, train, vocab_size, joint_vocab) if isinstance(tokenizer, str)
+           else tokenizer)
     source = [tok.encode(s) for s in train.source]
     target = [tok.encode_target(t) for t in train.target]
     if tok.kind == "subword":

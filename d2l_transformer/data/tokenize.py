@@ -6,10 +6,17 @@ back into text (``decode``); ``detokenize`` maps decoded text to the form that i
 docs/data.md and docs/evaluation.md).
 
 Subwords (Kudo & Richardson 2018, sentencepiece): one unigram model per language, trained on the
-training part only, on cased text. Separate rather than shared vocabularies because the model
-has separate source and target embeddings (nothing is tied, so a joint vocabulary would buy no
-shared parameters) and the target softmax costs O(vocabulary) per token on a CPU: a joint model
-of 2V pieces would spend half of its output layer on English-only pieces. ``byte_fallback`` with
+training part only, on cased text. Separate rather than shared vocabularies, by default
+(``tie_embeddings`` "none" or "target"), because the source and target embeddings are separate
+matrices (only the decoder's own embedding and output layer may be one, both over the target
+vocabulary, so a joint vocabulary would buy no shared parameters) and the target softmax costs
+O(vocabulary) per token on a CPU: a joint model of 2V pieces would spend half of its output
+layer on English-only pieces. ``tie_embeddings="all"`` is the exception that pays for it: the
+encoder's embedding is the same matrix as the decoder's and its output layer (three-way tying,
+Press & Wolf 2017, section 5; Vaswani et al. 2017, section 3.4), which needs one vocabulary for
+both languages, so ``joint=True`` trains ONE unigram model on the training part's source and
+target text together, ``vocab_size`` pieces in all, kept under both file names (spm_src.model
+and spm_tgt.model, the same bytes) so that loading is unchanged. ``byte_fallback`` with
 ``character_coverage=1.0`` spells any character the training text lacks as UTF-8 byte pieces,
 so ordinary input never becomes ``<unk>``. The model ids ARE the vocabulary ids: sentencepiece
 is told ``<unk>=0, <pad>=1, <bos>=2, <eos>=3`` (the chapter's `Vocab` layout), and the `Vocab`
@@ -111,27 +118,23 @@ class SubwordTokenizer:
         self.src, self.tgt = self._models
 
     @classmethod
-    def train(cls, source, target, vocab_size):
+    def train(cls, source, target, vocab_size, joint=False):
         """Train one unigram model per language on these sentences (the training part), with
-        at most `vocab_size` pieces each (fewer when the text has fewer).
+        at most `vocab_size` pieces each (fewer when the text has fewer); ``joint``: one model
+        for both, trained on the source sentences then the target ones, `vocab_size` pieces in
+        all, as the source and the target model (``tie_embeddings="all"``).
 
         One thread: sentencepiece's unigram training is deterministic for a given thread count
         but differs between counts, and the model must be the same on every machine."""
-        import sentencepiece as spm
-        protos = []
-        for sentences in (source, target):
-            buffer = io.BytesIO()
-            try:
-                spm.SentencePieceTrainer.train(
-                    sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
-                    model_type="unigram", character_coverage=1.0, byte_fallback=True,
-                    unk_id=0, pad_id=1, bos_id=2, eos_id=3, unk_piece="<unk>", pad_piece="<pad>",
-                    bos_piece="<bos>", eos_piece="<eos>", num_threads=1, minloglevel=2,
-                    hard_vocab_limit=False)  # a small corpus gets fewer pieces, not an error
-            except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
-                raise TokenizerError(f"sentencepiece training failed: {str(e).splitlines()[0]}") from None
-            protos.append(buffer.getvalue())
-        return cls(*protos)
+        if joint:
+            proto = _train_unigram(list(source) + list(target), vocab_size)
+            return cls(proto, proto)
+        return cls(*(_train_unigram(sentences, vocab_size) for sentences in (source, target)))
+
+    @property
+    def joint(self):
+        """Whether the source and the target model are one (`train` with ``joint``)."""
+        return self._protos[0] == self._protos[1]
 
     def encode(self, text):
         return self.src.encode(text, out_type=str)
@@ -158,6 +161,23 @@ class SubwordTokenizer:
     def files(self):
         """``{file name: bytes}`` to keep in a model directory."""
         return {SPM_SRC: self._protos[0], SPM_TGT: self._protos[1]}
+
+
+def _train_unigram(sentences, vocab_size):
+    """The serialized unigram sentencepiece model of these sentences (`SubwordTokenizer.train`),
+    the chapter's special ids first; a failed training is a one-line TokenizerError."""
+    import sentencepiece as spm
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
+            model_type="unigram", character_coverage=1.0, byte_fallback=True,
+            unk_id=0, pad_id=1, bos_id=2, eos_id=3, unk_piece="<unk>", pad_piece="<pad>",
+            bos_piece="<bos>", eos_piece="<eos>", num_threads=1, minloglevel=2,
+            hard_vocab_limit=False)  # a small corpus gets fewer pieces, not an error
+    except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
+        raise TokenizerError(f"sentencepiece training failed: {str(e).splitlines()[0]}") from None
+    return buffer.getvalue()
 
 
 def load_tokenizer(model_dir, cfg):

@@ -89,7 +89,8 @@ def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=Fa
         data = load_data_split(
             batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
             cfg.num_test, cfg.num_buckets, data_path, rank=rank, num_workers=num_workers,
-            tokenizer=tokenizer or cfg.tokenizer, vocab_size=cfg.vocab_size, split_by=cfg.split_by)
+            tokenizer=tokenizer or cfg.tokenizer, vocab_size=cfg.vocab_size, split_by=cfg.split_by,
+            joint_vocab=cfg.tie_embeddings == "all")
         return data.src_vocab, data.tgt_vocab, data.train_iter, data.tokenizer, None
     return load_data_nmt(batch_size, cfg.num_steps, cfg.num_examples, data_path, rank=rank,
                          num_workers=num_workers, fast_loader=fast, min_freq=cfg.min_freq,
@@ -293,9 +294,8 @@ class _Run:
                 epoch_seed=self.seed * SEED_STRIDE if reseed else None,
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
                 fast=self.fast, kvstore=self.kvstore, on_batch=self.bar,
-                clip_per_token=cfg.clip_per_token,
-                size_threads=not cfg.exact_chapter,  # exact: the book's code's threads
-                output_width=cfg.output_width)
+                clip_per_token=cfg.clip_per_token, output_width=cfg.output_width,
+                size_threads=not cfg.exact_chapter)  # exact: the book's code's threads
         finally:
             if self.bar is not None:
                 self.bar.close()
