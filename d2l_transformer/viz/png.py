@@ -130,7 +130,7 @@ def plot_validation(curves, path, targets=()):
     ax.set_xlabel("minutes of training (validation excluded)")
     ax.set_ylabel("valid BLEU (greedy)")
     ax.grid(True)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
