@@ -311,26 +311,16 @@ def test_translator_cached_equals_full_decoding(trained):
                                            t["cfg"].num_steps, CTX, mode=mode)
 
 
-def _ct2_greedy(ct2, out, sentences, cfg):
-    """CTranslate2's greedy hypotheses with the export's options, sentences grouped by length
-    (the package's limit is per sentence: tests/test_ctranslate2.py's `ct2_translate`)."""
-    from d2l_transformer.inference.export.ctranslate2 import decoding_options
-    translator = ct2.Translator(str(out), device="cpu", intra_threads=2)
-    theirs = [None] * len(sentences)
-    groups = {}
-    for i, s in enumerate(sentences):
-        groups.setdefault(len(s), []).append(i)
-    for length, idx in groups.items():
-        results = translator.translate_batch([sentences[i] for i in idx],
-                                             **decoding_options(cfg, length))
-        for i, r in zip(idx, results):
-            theirs[i] = r.hypotheses[0]
-    return theirs
+def _ct2_greedy(out, sentences, cfg):
+    """CTranslate2's greedy hypotheses with the export's options (`ct2_translate`, imported
+    here: that module skips itself where ctranslate2 is missing)."""
+    from test_ctranslate2 import ct2_translate
+    return ct2_translate(out, sentences, cfg)
 
 
 @pytest.mark.slow
 def test_ctranslate2_export_translates_greedy_equal(trained):
-    ct2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed "
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed "
                                                     "(pip install '.[ctranslate2]')")
     t = trained
     out = t["root"] / "ct2"
@@ -338,7 +328,7 @@ def test_ctranslate2_export_translates_greedy_equal(trained):
     translator = d2t.Translator(t["model"], t["src_vocab"], t["tgt_vocab"], CTX,
                                 num_steps=t["cfg"].num_steps)
     ours = [h.tokens for h in translator.translate(t["sentences"])]
-    theirs = _ct2_greedy(ct2, out, t["sentences"], t["cfg"])
+    theirs = _ct2_greedy(out, t["sentences"], t["cfg"])
     assert len(ours) == 200 and len({tuple(o) for o in ours}) > 20
     assert sum(a == b for a, b in zip(ours, theirs)) == 200
 
@@ -441,7 +431,7 @@ def test_all_trains_loads_translates_and_resumes(tmp_path, capsys):
     resumed, *_, cfg, _ = checkpoint.load(out)
     assert resumed.encoder.embed.weight is resumed.decoder.dense.weight
     assert not (resumed.encoder.embed.weight.data() == emb.data()).asnumpy().all()  # it trained
-    ct2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
     export(out, str(tmp_path / "ct2"), format="ctranslate2")
     _, _, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, by=cfg.split_by)
     tok = checkpoint.load_tokenizer(out)
@@ -450,7 +440,7 @@ def test_all_trains_loads_translates_and_resumes(tmp_path, capsys):
     ours = [h.tokens for h in translator.translate(sentences)]
     # 2 epochs of 8 batches translate little; the export's exactness with random weights:
     # test_ctranslate2_scores_equal_ours[all]
-    assert len(ours) == 100 and ours == _ct2_greedy(ct2, tmp_path / "ct2", sentences, cfg)
+    assert len(ours) == 100 and ours == _ct2_greedy(tmp_path / "ct2", sentences, cfg)
 
 
 # ------------------------------------------------------------------ refusals
