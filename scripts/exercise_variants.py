@@ -21,7 +21,7 @@ the exercise's by default), each run once per seed:
   pairs ARE the short ones (at most N = 6 source tokens): the length test without a filter;
 * padding (norm): the chapter's run with every batch padded to 20 positions, not 10;
 * small_batch (norm): the chapter's run with batches of 8 sentences (20 epochs);
-* full (only when asked for: about 4 minutes an epoch on 2 cores): ``--preset full``, the whole
+* full (only when asked for: about 2.5 minutes an epoch on 2 cores): ``--preset full``, the whole
   corpus, ``--full-epochs`` epochs (1 by default): valid BLEU (greedy, 500 valid sentences)
   and the minutes of training before it, to compare the options at equal minutes.
 

@@ -204,14 +204,14 @@ def test_trains_on_both_paths_to_the_same_losses(data):
 # ------------------------------------------------------------------ "all"
 def test_joint_vocabulary_and_three_way_tie(joint, data):
     tok, train = joint
-    assert tok.joint and tok.src_vocab().idx_to_token == tok.tgt_vocab().idx_to_token
+    assert tok.src_vocab().idx_to_token == tok.tgt_vocab().idx_to_token
     assert len(tok.src_vocab()) == 500
     files = tok.files()
     assert files["spm_src.model"] == files["spm_tgt.model"]
     src, tgt = tok.encode("I'm home."), tok.encode_target("Je suis chez moi.")
     assert all(t in tok.src_vocab().token_to_idx for t in src + tgt)
     separate = SubwordTokenizer.train(train.source, train.target, 500)
-    assert not separate.joint and separate.src_vocab().idx_to_token != separate.tgt_vocab().idx_to_token
+    assert separate.src_vocab().idx_to_token != separate.tgt_vocab().idx_to_token
     split = load_data_split(16, 10, 2000, 0, 100, 100, tokenizer="subword", vocab_size=500,
                             joint_vocab=True)
     assert split.src_vocab.idx_to_token == split.tgt_vocab.idx_to_token == tok.src_vocab().idx_to_token
@@ -422,7 +422,9 @@ def test_all_trains_loads_translates_and_resumes(tmp_path, capsys):
     enc, emb, dense = _uses(model)
     assert enc is emb is dense and emb.shape == (len(src_vocab), 32)
     spm = [open(os.path.join(out, n), "rb").read() for n in ("spm_src.model", "spm_tgt.model")]
-    assert spm[0] == spm[1] and checkpoint.load_tokenizer(out).joint
+    assert spm[0] == spm[1]
+    loaded = checkpoint.load_tokenizer(out)
+    assert loaded.src_vocab().idx_to_token == loaded.tgt_vocab().idx_to_token
     capsys.readouterr()
     assert cli.main(["translate", "--model", out, "--ctx", "cpu", "I am home.", "Go."]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2  # one line each (1 epoch: not good)

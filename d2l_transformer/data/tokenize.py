@@ -131,11 +131,6 @@ class SubwordTokenizer:
             return cls(proto, proto)
         return cls(*(_train_unigram(sentences, vocab_size) for sentences in (source, target)))
 
-    @property
-    def joint(self):
-        """Whether the source and the target model are one (`train` with ``joint``)."""
-        return self._protos[0] == self._protos[1]
-
     def encode(self, text):
         return self.src.encode(text, out_type=str)
 
