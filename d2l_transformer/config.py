@@ -275,17 +275,19 @@ CHAPTER = TransformerConfig()
 TINY = TransformerConfig(embedding_size=16, ffn_hidden_size=32, num_heads=2, num_layers=1,
                          batch_size=16, num_epochs=3, num_examples=200)
 # All ~167k pairs, valid and test held out by source sentence (data.split). FULL: sentencepiece
-# subwords, cased (docs/data.md), 15 epochs: the one-hour recipe of a 2-core CPU, chosen by valid
-# BLEU against a wider model (docs/evaluation.md, "The one-hour recipe"); FULL_WORD: the same
-# recipe on the chapter's lower-cased words with min_freq 10, for comparison. Both take the
-# paper's Adam (5.3: beta2 0.98, epsilon 1e-9) and clip the mean loss's gradient per token
-# (docs/evaluation.md, "Adam, clipping and initialisation")
+# subwords, cased (docs/data.md), d 128, 15 epochs; FULL_WORD: the same on the chapter's
+# lower-cased words with min_freq 10, for comparison. Both take the paper's Adam (5.3: beta2
+# 0.98, epsilon 1e-9) and clip the mean loss's gradient per token (docs/evaluation.md, "Adam,
+# clipping and initialisation"). HOUR: the one-hour recipe of a 2-core CPU, FULL twice as wide,
+# chosen by valid BLEU at 60 minutes of training among the candidates of docs/evaluation.md,
+# "The one-hour recipe"; its 4-epoch state is the 20-minute recipe
 FULL_WORD = TransformerConfig(
     embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2, dropout=0.1,
     batch_size=256, num_steps=30, lr=0.002, num_epochs=15, num_examples=None, min_freq=10,
     label_smoothing=0.1, warmup_steps=400, num_valid=2000, num_test=2000, num_buckets=10,
     loss_reduction="token", beta2=0.98, epsilon=1e-9, clip_per_token=True)
 FULL = FULL_WORD.replace(tokenizer="subword", vocab_size=4000, min_freq=0)
+HOUR = FULL.replace(embedding_size=256, ffn_hidden_size=1024, num_epochs=11)
 # The paper's base model (Vaswani et al. 2017, Table 3), for a GPU
 _BASE = dict(embedding_size=512, ffn_hidden_size=2048, num_heads=8, num_layers=6, batch_size=256,
              lr=0.0007, num_epochs=30, warmup_steps=4000)
@@ -349,5 +351,5 @@ def preset_config(preset, edition="0.11", architecture="transformer"):
     return base.replace(architecture=architecture, rnn_hidden_size=base.ffn_hidden_size // 2)
 
 
-PRESETS = {"chapter": CHAPTER, "tiny": TINY, "full": FULL, "full_word": FULL_WORD,
+PRESETS = {"chapter": CHAPTER, "tiny": TINY, "full": FULL, "full_word": FULL_WORD, "hour": HOUR,
            "full_gpu": FULL_GPU, "full_word_gpu": FULL_WORD_GPU}

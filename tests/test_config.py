@@ -69,8 +69,8 @@ def test_with_overrides_checks_types_and_values():
 
 
 def test_full_presets_values():
-    """The one-hour recipe's sizes and schedule (docs/evaluation.md); the word preset differs only
-    in its tokenizer."""
+    """The `full` sizes and schedule, and the one-hour recipe's (`hour`: twice as wide, 11
+    epochs; docs/evaluation.md); the word preset differs only in its tokenizer."""
     assert d2t.FULL == d2t.TransformerConfig(
         embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2, dropout=0.1,
         batch_size=256, num_steps=30, lr=0.002, num_epochs=15, num_examples=None, min_freq=0,
@@ -79,8 +79,10 @@ def test_full_presets_values():
         epsilon=1e-9, clip_per_token=True)
     assert d2t.PRESETS["full_word"] == d2t.FULL.replace(tokenizer="word", vocab_size=0,
                                                         min_freq=10)
+    assert d2t.PRESETS["hour"] == d2t.FULL.replace(embedding_size=256, ffn_hidden_size=1024,
+                                                   num_epochs=11)
     assert sorted(d2t.PRESETS) == ["chapter", "full", "full_gpu", "full_word", "full_word_gpu",
-                                   "tiny"]
+                                   "hour", "tiny"]
 
 
 def test_config_of_a_former_preset_still_loads():
