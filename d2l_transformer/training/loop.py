@@ -131,10 +131,6 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
             thread_width=size_threads and (output_width or model.decoder.embedding_size),
             on_batch=on_batch, report_every=report_every,
             num_batches=num_batches)
-        # every operator of the epoch done before `on_epoch` reads the parameters: in a
-        # hybridized graph MXNet 1.9.1 does not order reads of a batch norm's running
-        # statistics after the backward pass that writes them
-        mx.nd.waitall()
         loss_sum, ce_sum, num_tokens_sum = _epoch_totals(sums, health, global_sum, epoch, trainer)
         elapsed = time.time() - tic
         epoch_loss = loss_sum / num_tokens_sum

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from mxnet import init
+from mxnet import init, nd
 
 from .. import _cpu_math, checkpoint
 from ..build import build_model
@@ -303,8 +303,8 @@ class _Run:
                                                     "tokens_per_sec", "ctx")})
 
     def on_epoch(self, epoch, loss):
-        """After each epoch: the summary, validation, the checkpoints; True stops the training
-        (early stopping)."""
+        """After each epoch: the summary, validation, checkpoints; True stops (early stopping)."""
+        nd.waitall()  # reads of a batch norm's statistics wait for their writer (docs/variants.md)
         summary = self.summary
         summary["epoch_history"].append(
             (epoch, loss) if self.edition_valid is None else
