@@ -321,7 +321,7 @@ def _ct2_greedy(out, sentences, cfg):
 @pytest.mark.slow
 def test_ctranslate2_export_translates_greedy_equal(trained):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed "
-                                                    "(pip install '.[ctranslate2]')")
+                                              "(pip install '.[ctranslate2]')")
     t = trained
     out = t["root"] / "ct2"
     export(t["model_dir"], str(out), format="ctranslate2")

@@ -170,8 +170,8 @@ def _backward(loss):
     """``loss.backward()``, then wait for every operator: in a hybridized (static_alloc)
     graph, MXNet 1.9.1 does not order a read of a batch norm's running statistics after the
     backward pass that writes them (pure Gluon shows it: Dense, BatchNorm, Dense), so reading
-    them at once may see the old values. Training never reads them that way: the next step
-    and any save wait for the optimizer, which waits for that backward pass's gradients."""
+    them at once may see the old values. `train` waits the same way once an epoch, before it
+    validates, averages or saves (training/run.py)."""
     loss.backward()
     mx.nd.waitall()
 
