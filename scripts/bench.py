@@ -69,7 +69,8 @@ import sys
 import tempfile
 from unittest import mock
 
-from bench_common import MODEL_ENV, REPEATS_ENV, SERVE_MODEL_ENV, THREADS_ENV, peak_rss_mb, sizes
+from bench_common import (FULL_PRESET_ENV, MODEL_ENV, REPEATS_ENV, SERVE_MODEL_ENV, THREADS_ENV,
+                          peak_rss_mb, sizes)
 from bench_decoding import batch_row, greedy_row, translate_row
 from bench_engines import ct2_row, engine_row, engine_worker
 from bench_scale import scale_row
@@ -202,6 +203,9 @@ def main(argv=None):
     p.add_argument("--model", default=None, metavar="DIR",
                    help="(f), (i): translate with this trained model directory (its test split "
                         "and tokenizer) instead of a random-weight `full` model")
+    p.add_argument("--full-preset", default="full", choices=("full", "hour"),
+                   help="(h): the preset whose model and trainer the rows train (default full; "
+                        "both share the data slice)")
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: one row
     p.add_argument("--engine-worker", default=None, help=argparse.SUPPRESS)  # internal: (i)
     p.add_argument("--params", default=None, help=argparse.SUPPRESS)
@@ -209,6 +213,7 @@ def main(argv=None):
     if args.repeats < 1 or args.threads < 1:
         p.error("--repeats and --threads must be at least 1")
     if not args.row:  # (i): the rounds and threads, for the row's process (its environment)
+        os.environ[FULL_PRESET_ENV] = args.full_preset  # and (h)'s preset
         os.environ[REPEATS_ENV] = str(args.repeats)
         os.environ[THREADS_ENV] = str(args.threads)
         for key in ROW_ENV:  # the translator's OpenMP threads, at most --threads

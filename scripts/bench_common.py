@@ -14,6 +14,7 @@ REPEATS_ENV = "D2L_TRANSFORMER_BENCH_REPEATS"  # --repeats, for the (i) rows' pr
 THREADS_ENV = "D2L_TRANSFORMER_BENCH_THREADS"  # --threads, likewise
 SERVE_MODEL_ENV = "D2L_TRANSFORMER_BENCH_SERVE_MODEL"  # --serve-model DIR, for the row's process
 MODEL_ENV = "D2L_TRANSFORMER_BENCH_MODEL"  # --model DIR, for the row's process
+FULL_PRESET_ENV = "D2L_TRANSFORMER_BENCH_FULL_PRESET"  # --full-preset NAME, likewise
 
 
 def sizes(quick):
@@ -26,7 +27,8 @@ def sizes(quick):
                     full_batches=4, full_epochs=2)
     return dict(cfg=d2t.CHAPTER, epochs=6, n_greedy=20, n_batch=1000, n_batch_1=100,
                 translate_length=30,
-                full_cfg=d2t.FULL, full_batches=24, full_epochs=3)
+                full_cfg=d2t.PRESETS[os.environ.get(FULL_PRESET_ENV, "full")], full_batches=24,
+                full_epochs=3)
 
 
 @functools.lru_cache(maxsize=None)
