@@ -55,6 +55,7 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     mxnet``: half the CPUs, one on this machine), as every path ran before the package chose
     the threads per workload (d2l_transformer/_threads.py); and PyTorch eager on the same slice
     (scripts/baselines.py), as many threads as the package's rows use for it.
+    ``--full-preset hour``: the same rows for the `hour` preset's model (d=256, FFN 1024).
 Then the ratios. ``--only GROUP`` runs one group of rows (``--only full``: (h) alone).
 ``--quick``: TINY sizes and fewer sentences (CI, under a minute).
 ``--json PATH`` writes every figure. The decoding rows use the model the fast row trained.
