@@ -296,6 +296,7 @@ def main(argv=None):
         print(f"{label:52s} {ratio:9.2f}x{spread}", flush=True)
     if args.json:
         results["quick"] = args.quick
+        results["full_preset"] = args.full_preset  # the (h) rows' model
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     return 0
