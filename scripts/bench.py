@@ -70,8 +70,15 @@ import sys
 import tempfile
 from unittest import mock
 
-from bench_common import (FULL_PRESET_ENV, MODEL_ENV, REPEATS_ENV, SERVE_MODEL_ENV, THREADS_ENV,
-                          peak_rss_mb, sizes)
+from bench_common import (
+    FULL_PRESET_ENV,
+    MODEL_ENV,
+    REPEATS_ENV,
+    SERVE_MODEL_ENV,
+    THREADS_ENV,
+    peak_rss_mb,
+    sizes,
+)
 from bench_decoding import batch_row, greedy_row, translate_row
 from bench_engines import ct2_row, engine_row, engine_worker
 from bench_scale import scale_row
