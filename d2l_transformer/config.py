@@ -280,7 +280,7 @@ TINY = TransformerConfig(embedding_size=16, ffn_hidden_size=32, num_heads=2, num
 # 0.98, epsilon 1e-9) and clip the mean loss's gradient per token (docs/evaluation.md, "Adam,
 # clipping and initialisation"). HOUR: the one-hour recipe of a 2-core CPU, FULL twice as wide,
 # chosen by valid BLEU at 60 minutes of training among the candidates of docs/evaluation.md,
-# "The one-hour recipe"; its 4-epoch state is the 20-minute recipe
+# "The one-hour recipe"; 4 epochs averaged over the last two (--average-last 2) is the 20-minute one
 FULL_WORD = TransformerConfig(
     embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2, dropout=0.1,
     batch_size=256, num_steps=30, lr=0.002, num_epochs=15, num_examples=None, min_freq=10,
