@@ -43,7 +43,7 @@ setup(
     python_requires=">=3.8,<3.14",  # the Pythons it is tested on (docs/install.md)
     install_requires=[
         # mxnet 1.9.1 uses np.bool etc., removed in numpy 1.24: below 3.12 a numpy that still has
-        # them; from 3.12 (no such numpy there) d2l_transformer/_compat.py sets them, and mxnet
+        # them; from 3.12 (no such numpy there) d2l_transformer/_runtime/compat.py sets them, and mxnet
         # needs numpy < 2 and distutils.version, which setuptools provides since 3.12
         "numpy>=1.16,<1.24; python_version < '3.12'",
         "numpy>=1.26,<2; python_version >= '3.12'",

@@ -4,14 +4,10 @@ The public names: the chapter's blocks, data pipeline, loop and prediction, and 
 configs and translator, grouped by the module that holds them.
 """
 
-# _compat first: NumPy's removed aliases, before anything imports mxnet
-from . import _compat, _cpu_math, _cuda, _threads
+from . import _runtime
 from ._version import __version__
 
-_threads.configure()  # OpenMP threads per workload: set before MXNet reads its settings
-_cpu_math.configure()  # the same kernels on every x86-64 CPU with AVX2: before MXNet loads
-
-_cuda.preload()  # the cu112 extra's CUDA libraries, before MXNet loads libmxnet.so
+_runtime.prepare()  # NumPy's aliases, threads, CPU kernels, CUDA libraries: before MXNet loads
 
 try:
     from mxnet import npx
@@ -29,7 +25,6 @@ from .attention import (  # noqa: E402
     transpose_output,
     transpose_qkv,
 )
-from .book import book_line  # noqa: E402
 from .build import build_model  # noqa: E402
 from .config import CHAPTER, FULL, PRESETS, TINY, TransformerConfig  # noqa: E402
 from .context import parse_ctx, parse_ctx_list, try_gpu  # noqa: E402
@@ -56,6 +51,7 @@ from .model import (  # noqa: E402
     TransformerDecoder,
     TransformerEncoder,
 )
+from .report.book import book_line  # noqa: E402
 from .training import (  # noqa: E402
     ClipAdam,
     MaskedSoftmaxCELoss,

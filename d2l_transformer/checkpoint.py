@@ -37,7 +37,7 @@ import shutil
 import mxnet as mx
 from mxnet import init, np
 
-from . import _cpu_math
+from ._runtime import cpu_math as _cpu_math
 from .build import build_model
 from .config import TransformerConfig
 from .data import Vocab

@@ -145,7 +145,7 @@ class TransformerConfig:
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
-        if self.norm == "masked_batch" and self.edition == "1.0":  # variants_norm.PAD_ID
+        if self.norm == "masked_batch" and self.edition == "1.0":  # variants.norm.PAD_ID
             problems.append("norm masked_batch finds <pad> at id 1: not in edition 1.0's vocabularies")
         if self.edition != "0.11" and (self.tokenizer != "word" or self.num_buckets
                                        or self.num_test or (self.num_valid and self.edition != "1.0")):

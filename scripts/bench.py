@@ -53,7 +53,7 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     first pass over the slice is warm-up (deferred init, graph building), the next ones timed.
     One more imperative row runs with MXNet's own OpenMP threads (``D2L_TRANSFORMER_THREADS=
     mxnet``: half the CPUs, one on this machine), as every path ran before the package chose
-    the threads per workload (d2l_transformer/_threads.py); and PyTorch eager on the same slice
+    the threads per workload (d2l_transformer/_runtime/threads.py); and PyTorch eager on the same slice
     (scripts/baselines.py), as many threads as the package's rows use for it.
     ``--full-preset hour``: the same rows for the `hour` preset's model (d=256, FFN 1024).
 Then the ratios. ``--only GROUP`` runs one group of rows (``--only full``: (h) alone).
@@ -157,7 +157,7 @@ REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels"
             "train_full_imperative_mxnet", "train_full_fast", "train_full_fast_native",
             "train_full_torch")
 ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"},  # its process's
-           "train_fast_native": {"D2L_TRANSFORMER_CPU": "native"},  # d2l_transformer/_cpu_math.py
+           "train_fast_native": {"D2L_TRANSFORMER_CPU": "native"},  # d2l_transformer/_runtime/cpu_math.py
            "train_full_fast_native": {"D2L_TRANSFORMER_CPU": "native"},
            **{key: {"D2L_TRANSFORMER_MAX_THREADS": "2"} for key, _ in ROWS  # (i): --threads
               if key.startswith(("ct2_", "step_"))}}

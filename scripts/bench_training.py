@@ -73,7 +73,7 @@ def full_train_row(s, fast, cache_dir):
     from mxnet import init
 
     import d2l_transformer as d2t
-    from d2l_transformer import _cpu_math
+    from d2l_transformer._runtime import cpu_math as _cpu_math
     from d2l_transformer.training.loss import MaskedSoftmaxCELoss
     from d2l_transformer.training.optim import config_trainer
     cfg = s["full_cfg"]
@@ -100,10 +100,10 @@ def baseline_row(s, key, cache_dir):
     """(a) ``train_torch`` / ``train_gluonnlp``, (h) ``train_full_torch``: the same model in
     PyTorch eager or GluonNLP 0.10 hybridized (scripts/baselines.py) on the batches of the
     package's rows (NumPy copies), target tokens/s over epochs 2..; PyTorch on the threads the
-    package's loop takes for that work (`_threads.threads_for`)."""
+    package's loop takes for that work (`_runtime.threads.threads_for`)."""
     import baselines
 
-    from d2l_transformer._threads import threads_for
+    from d2l_transformer._runtime.threads import threads_for
     package = "gluonnlp" if key == "train_gluonnlp" else "torch"
     reason = baselines.missing(package)
     if reason:

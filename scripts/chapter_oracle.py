@@ -12,18 +12,18 @@ from the command line. Every random stream is seeded once, before the training c
 scripts/train_chapter.py's, with the loss of every epoch (1.0: the training and the validation
 loss, each the mean of what `Module.plot` receives in that epoch), so runs can be compared.
 
-It is an independent oracle: nothing of d2l_transformer is imported (only the NumPy-alias shim,
-loaded from its file, which MXNet 1.9.1 needs on NumPy >= 1.24). The data is d2l's own reader on
-this project's fra-eng.zip (d2l's `download` is pointed at a copy of it instead of the web: the
-shipped file is not byte for byte the one whose sha1 the later editions check).
-OpenMP: ``OMP_NUM_THREADS=1`` unless it is set, the thread count d2l_transformer uses at the
-chapter's sizes: the thread count changes the rounding of MXNet's CPU operators (seed 0, two
-threads: epoch 2's loss differs in the 9th digit), and MXNet's own default, half the logical
-CPUs, is one thread only on a 2-CPU machine. The CPU's kernels are pinned as the package pins
-them (`d2l_transformer/_cpu_math.py`, loaded from its file; ``D2L_TRANSFORMER_CPU=native``
-leaves them alone), so that the chapter's code and the exact runs compute alike on any x86-64
-CPU with AVX2. Exit 2 with one line when that edition's d2l is not
-installed."""
+It is an independent oracle: nothing of d2l_transformer is imported (only its step before MXNet
+loads, loaded from its folder: the NumPy-alias shim MXNet 1.9.1 needs on NumPy >= 1.24, the
+threads, the CPU's kernels). The data is d2l's own reader on this project's fra-eng.zip (d2l's
+`download` is pointed at a copy of it instead of the web: the shipped file is not byte for byte
+the one whose sha1 the later editions check). OpenMP: ``OMP_NUM_THREADS=1`` unless it is set,
+the thread count d2l_transformer uses at the chapter's sizes: the thread count changes the
+rounding of MXNet's CPU operators (seed 0, two threads: epoch 2's loss differs in the 9th
+digit), and MXNet's own default, half the logical CPUs, is one thread only on a 2-CPU machine.
+The CPU's kernels are pinned as the package pins them (its step before MXNet loads,
+`d2l_transformer/_runtime`, loaded from its folder; ``D2L_TRANSFORMER_CPU=native`` leaves them
+alone), so that the chapter's code and the exact runs compute alike on any x86-64 CPU with AVX2.
+Exit 2 with one line when that edition's d2l is not installed."""
 
 import argparse
 import ast
@@ -70,16 +70,6 @@ def get_parser():
     return p
 
 
-def _ground_floor(name):
-    """A stdlib-only module of the package's ground floor, loaded from its file (the package
-    itself is not imported)."""
-    path = os.path.join(ROOT, "d2l_transformer", name + ".py")
-    spec = importlib.util.spec_from_file_location("_d2t_" + name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _import_from(folder, name):
     """``import NAME`` found in FOLDER alone (oracles/, or a d2l release unpacked there by pip
     --target), without putting FOLDER on sys.path: registered in sys.modules under NAME, so
@@ -98,13 +88,13 @@ def _import_from(folder, name):
 
 
 def _before_mxnet():
-    """The NumPy-alias shim, one OpenMP thread unless set, and the CPU math pinned as
-    d2l_transformer pins it (`_cpu_math`): what its runs get. Returns the `_cpu_math` module."""
-    _ground_floor("_compat")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cpu_math = _ground_floor("_cpu_math")
-    cpu_math.configure()
-    return cpu_math
+    """The package's step before MXNet loads (`d2l_transformer/_runtime`, loaded from its folder,
+    the package itself not imported): the NumPy-alias shim, one OpenMP thread unless set, the
+    CPU math pinned as d2l_transformer pins it, the CUDA libraries. What its runs get. Returns
+    the runtime's `cpu_math` module (its record of the kernels)."""
+    runtime = _import_from(os.path.join(ROOT, "d2l_transformer"), "_runtime")
+    runtime.prepare()
+    return runtime.cpu_math
 
 
 def run(args):

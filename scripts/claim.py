@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from d2l_transformer import claim
+from d2l_transformer.report import claim
 from d2l_transformer.viz.png import plot_claim
 
 ORACLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chapter_oracle.py")

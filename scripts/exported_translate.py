@@ -26,7 +26,7 @@ import warnings
 import numpy
 
 # MXNet 1.9.1 uses NumPy's aliases np.bool, np.int, ... (removed in NumPy 1.24, the NumPy of
-# Python 3.12+): set the missing ones before importing it, as d2l_transformer/_compat.py does
+# Python 3.12+): set the missing ones before importing it, as d2l_transformer/_runtime/compat.py does
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # NumPy < 1.24 still has them, with a warning
     for _name in ("bool", "int", "float", "object", "complex", "str"):

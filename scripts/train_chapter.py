@@ -26,12 +26,12 @@ import d2l_transformer as d2t  # isort: skip  (first: its NumPy-alias shim must 
 from mxnet import autograd, np
 from mxnet.gluon import nn
 
-from d2l_transformer.book import EDITIONS as PRINTED
-from d2l_transformer.book import compare, printed_lines
-from d2l_transformer.cli import USER_ERRORS, UserError, guarded
+from d2l_transformer.cli.commands import USER_ERRORS, UserError, guarded
 from d2l_transformer.config import EDITIONS
 from d2l_transformer.data import default_data_path
 from d2l_transformer.io import atomic
+from d2l_transformer.report.book import EDITIONS as PRINTED
+from d2l_transformer.report.book import compare, printed_lines
 from d2l_transformer.training.run import check_out_dir, train_model
 from d2l_transformer.viz.png import plot_loss, plot_losses, plot_positional_encoding
 

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from d2l_transformer import claim
 from d2l_transformer.build import build_model
 from d2l_transformer.config import CHAPTER, PRESETS, SECTIONS, preset_config
 from d2l_transformer.inference.limits import chapter_only
+from d2l_transformer.report import claim
 from d2l_transformer.seq2seq import Seq2SeqEncoder
 from d2l_transformer.seq2seq_attention import Seq2SeqAttentionDecoder
 
@@ -71,7 +71,7 @@ def test_seq2seq_threads_follow_the_output_layer(preset, threads, monkeypatch):
     `full`'s 256 units; an exact run keeps the process's threads."""
     import mxnet as mx
 
-    from d2l_transformer import _threads
+    from d2l_transformer._runtime import threads as _threads
     from d2l_transformer.training.loop import train_s2s_ch8
 
     cfg = preset_config(preset, "0.11", "seq2seq").replace(num_layers=1)

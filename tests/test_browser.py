@@ -142,7 +142,7 @@ def test_standalone_file_offline_shows_the_same_weights(server, model_dir, brows
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
 
     path = tmp_path / "explorer.html"
     assert cli.main(["translate", "--model", model_dir, "--beam", "4", "--ctx", "cpu",

@@ -15,7 +15,7 @@ import types
 import mxnet as mx
 import pytest
 
-from d2l_transformer import cli
+from d2l_transformer.cli import commands as cli
 
 TRAIN = ["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--seed", "3"]
 
@@ -185,7 +185,7 @@ def test_missing_model_dir_and_bad_options(tmp_path, capsys):
 def test_the_default_engine_threads(monkeypatch, cores, threads):
     """CTranslate2's default threads: a quarter of the physical cores, 1 to 4 (docs/export.md:
     one on this project's 2-core machines, four on 16 cores)."""
-    from d2l_transformer import _threads
+    from d2l_transformer._runtime import threads as _threads
     from d2l_transformer.inference.engines import default_engine_threads
 
     monkeypatch.setattr(_threads, "physical_cores", lambda: cores)

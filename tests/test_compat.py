@@ -1,4 +1,4 @@
-"""The NumPy-alias shim (d2l_transformer/_compat.py): it sets exactly the aliases that are missing,
+"""The NumPy-alias shim (d2l_transformer/_runtime/compat.py): it sets exactly the aliases that are missing,
 and the package applies it before anything imports mxnet."""
 
 import builtins
@@ -8,7 +8,7 @@ import warnings
 
 import numpy
 
-from d2l_transformer import _compat
+from d2l_transformer._runtime import compat as _compat
 
 NAMES = ("bool", "int", "float", "object", "complex", "str")  # what MXNet 1.9.1 uses
 

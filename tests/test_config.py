@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import d2l_transformer as d2t
-from d2l_transformer import cli
+from d2l_transformer.cli import commands as cli
 from d2l_transformer.config import load_overrides, parse_overrides, resume_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

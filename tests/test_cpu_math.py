@@ -1,4 +1,4 @@
-"""The CPU math pinned (d2l_transformer/_cpu_math.py): one seed gives the README's numbers on any
+"""The CPU math pinned (d2l_transformer/_runtime/cpu_math.py): one seed gives the README's numbers on any
 x86-64 CPU with AVX2, not only on the machine that made them.
 
 The golden values are the README's run (seed 0): its first 20 epochs, made on an AMD CPU with
@@ -14,8 +14,9 @@ import sys
 import pytest
 
 import d2l_transformer as d2t
-from d2l_transformer import _cpu_math, _threads
-from d2l_transformer.book import compare
+from d2l_transformer._runtime import cpu_math as _cpu_math
+from d2l_transformer._runtime import threads as _threads
+from d2l_transformer.report.book import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "scripts", "train_chapter.py")
@@ -86,7 +87,7 @@ def test_the_pins_alone_decide(tmp_path, env):
 
 
 PROBE = ("import json, os, warnings; warnings.simplefilter('always'); {pre}import d2l_transformer; "
-         "from d2l_transformer import _cpu_math; "
+         "from d2l_transformer._runtime import cpu_math as _cpu_math; "
          "print(json.dumps([os.environ.get(n) for n in ('DNNL_MAX_CPU_ISA', 'OPENBLAS_CORETYPE')]"
          " + [_cpu_math.openblas_core()]))")
 
@@ -120,7 +121,7 @@ def test_a_child_in_native_mode_gets_back_what_the_pins_replaced():
 
 @needs_pins
 def test_mxnet_imported_first_warns_in_one_line():
-    pre = (f"import runpy; runpy.run_path({d2t._compat.__file__!r}); import mxnet; ")
+    pre = (f"import runpy; runpy.run_path({d2t._runtime.compat.__file__!r})['apply'](); import mxnet; ")
     result, err = _probe(pre=pre, OPENBLAS_CORETYPE="Sandybridge")
     assert result[2] == "Sandybridge"
     lines = [line for line in err.splitlines() if "imported before d2l_transformer" in line]
@@ -152,7 +153,7 @@ def test_the_line_says_why_a_table_may_differ():
     assert "not recorded" in _cpu_math.line(None)
 
 
-SETTLE = ("import os, d2l_transformer as d2t; from d2l_transformer import _cpu_math; "
+SETTLE = ("import os, d2l_transformer as d2t; from d2l_transformer._runtime import cpu_math as _cpu_math; "
           "[_cpu_math.settle(getattr(d2t, n)) for n in {names}]; "
           "print(os.environ.get('DNNL_MAX_CPU_ISA'), _cpu_math.describe('cpu(0)')['why'])")
 

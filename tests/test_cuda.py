@@ -3,7 +3,7 @@
 import importlib.util
 import sys
 
-from d2l_transformer import _cuda
+from d2l_transformer._runtime import cuda as _cuda
 
 
 def test_nvidia_libraries_found_in_load_order(tmp_path, monkeypatch):

@@ -15,11 +15,11 @@ from editions import RELEASES, library, needs_data  # tests/editions.py
 from mxnet import autograd, np
 
 import d2l_transformer as d2t
-from d2l_transformer.book import EDITIONS as PRINTED
-from d2l_transformer.book import agreement
 from d2l_transformer.build import build_model
 from d2l_transformer.config import EDITIONS, TransformerConfig
 from d2l_transformer.data import Vocab, load_data_mt_fra_eng, load_data_nmt
+from d2l_transformer.report.book import EDITIONS as PRINTED
+from d2l_transformer.report.book import agreement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -31,8 +31,11 @@ CHILD = r"""
 import importlib, importlib.util, json, os, shutil, sys, tempfile
 library, module, root, data, edition, out = sys.argv[1:7]
 sys.path[:0] = [library, os.path.join(root, "oracles")]
-spec = importlib.util.spec_from_file_location("_aliases", os.path.join(root, "d2l_transformer", "_compat.py"))
-spec.loader.exec_module(importlib.util.module_from_spec(spec))
+compat = os.path.join(root, "d2l_transformer", "_runtime", "compat.py")
+spec = importlib.util.spec_from_file_location("_aliases", compat)
+aliases = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(aliases)
+aliases.apply()
 import mxnet as mx
 import numpy as onp
 from mxnet import autograd, np, npx
@@ -239,7 +242,7 @@ def test_the_editions_configs_round_trip_and_check():
 
 def test_the_exact_1_0_run_refuses_several_devices(tmp_path, capsys):
     """d2l 1.0's loss is each batch's mean: one line, nothing written."""
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
     out = tmp_path / "model"
     assert cli.main(["train", "--edition", "1.0", "--exact-chapter", "--ctx", "cpu:0,cpu:1",
                      "--out", str(out)]) == 2

@@ -12,8 +12,8 @@ import sys
 import pytest
 from editions import library, needs_data  # tests/editions.py
 
-from d2l_transformer.book import BOOK_LOSS, BOOK_TRANSLATIONS, EDITIONS
 from d2l_transformer.evaluate import bleu
+from d2l_transformer.report.book import BOOK_LOSS, BOOK_TRANSLATIONS, EDITIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "chapter_oracle.py")
@@ -75,8 +75,11 @@ EXPERIMENT = """
 import importlib, importlib.util, os, sys
 library, module, root = sys.argv[1:4]
 sys.path[:0] = [library, os.path.join(root, "oracles")]
-spec = importlib.util.spec_from_file_location("_aliases", os.path.join(root, "d2l_transformer", "_compat.py"))
-spec.loader.exec_module(importlib.util.module_from_spec(spec))
+compat = os.path.join(root, "d2l_transformer", "_runtime", "compat.py")
+spec = importlib.util.spec_from_file_location("_aliases", compat)
+aliases = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(aliases)
+aliases.apply()
 import mxnet as mx
 from mxnet import autograd, np, npx
 try:

@@ -80,7 +80,7 @@ def test_lowercase_is_in_the_signature():
 
 def test_score_files_and_the_cli(tmp_path, capsys):
     """`d2l-transformer evaluate --hyp FILE --ref FILE`: the same numbers, no model needed."""
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
     hyp, ref, out = tmp_path / "hyp.txt", tmp_path / "ref.txt", tmp_path / "scores.json"
     hyp.write_text("Il est calme.\nVa !\nJe suis chez moi.\n", encoding="utf-8")
     ref.write_text("Il est très calme.\nVa !\nJe suis à la maison.\n", encoding="utf-8")

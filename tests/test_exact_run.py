@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import d2l_transformer as d2t
-from d2l_transformer.book import CHAPTER_CODE, agreement, agreements
+from d2l_transformer.report.book import CHAPTER_CODE, agreement, agreements
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -51,7 +51,7 @@ def test_exact_mode_repeats_the_chapters_own_run(tmp_path, seed):
     assert [e for e, _ in theirs["epoch_history"]] == [1, 2, 3]
     assert ours["epoch_history"] == theirs["epoch_history"]  # every epoch, every bit
     assert ours["translations"] == theirs["translations"]
-    assert ours["cpu_math"] == theirs["cpu_math"]  # both on the same kernels (`_cpu_math`)
+    assert ours["cpu_math"] == theirs["cpu_math"]  # both on the same kernels (`_runtime.cpu_math`)
     assert 0.15 < ours["loss"] < 0.25  # a real run: 3 epochs from ~0.39 at epoch 1
     # the script prints both beside the book, and says that they agree
     assert "| chapter's code" in r.stdout and "| exact chapter" in r.stdout

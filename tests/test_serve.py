@@ -211,7 +211,7 @@ def test_waiting_requests_are_translated_together(engine, monkeypatch):
 
 
 def test_a_bad_model_directory_is_one_line(tmp_path, capsys):
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
 
     with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
         Engine(str(tmp_path / "nope"), "cpu")
@@ -243,7 +243,7 @@ def test_the_one_rule_refuses_the_same_inputs_with_the_same_words(client, engine
     """The CLI, the server and the library (`inference.limits`) say the same thing."""
     import io
 
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
     from d2l_transformer.inference.limits import SentenceError
 
     cases = ["   ", "zzz qqq", "go " * 201, "go " * 400, "go . \ud800"]
@@ -464,7 +464,7 @@ def test_an_exact_chapter_model_is_refused_in_one_line(tmp_path, capsys):
 
     import mxnet as mx
 
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
     from d2l_transformer.config import CHAPTER
     from d2l_transformer.serve import ServeError
     from d2l_transformer.training.run import train_model
@@ -483,7 +483,8 @@ def test_an_exact_chapter_model_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_serve_options_reach_the_server(monkeypatch):
-    from d2l_transformer import cli, serve
+    from d2l_transformer import serve
+    from d2l_transformer.cli import commands as cli
 
     calls = []
     monkeypatch.setattr(serve, "run", lambda *a, **k: calls.append((a, k)))

@@ -1,4 +1,4 @@
-"""OpenMP threads per workload (d2l_transformer/_threads.py, `_threads.size_for`, switched by the
+"""OpenMP threads per workload (d2l_transformer/_runtime/threads.py, `threads.size_for`, switched by the
 kernel library's operator): one thread for the chapter's sizes, every core for the `full`
 preset's, never against the user's own setting."""
 
@@ -14,10 +14,12 @@ from test_kernels import (
     needs_kernels,  # noqa: F401 - the fixture it marks with
 )
 
-from d2l_transformer import _compat, _threads
+from d2l_transformer._runtime import compat as _compat
+from d2l_transformer._runtime import threads as _threads
 from d2l_transformer.distributed.launch import job_env
 
-PROBE = ("import json, os, sys; {pre}import d2l_transformer; from d2l_transformer import _threads; "
+PROBE = ("import json, os, sys; {pre}import d2l_transformer; "
+         "from d2l_transformer._runtime import threads as _threads; "
          "print(json.dumps([os.environ.get('OMP_NUM_THREADS'), _threads._state['managed']]))")
 
 
@@ -37,8 +39,8 @@ def test_configure_at_import():
     assert _probe({"OMP_NUM_THREADS": "2"})[0] == ["2", False]  # the user's, never overridden
     assert _probe({"MXNET_OMP_MAX_THREADS": "2"})[0] == [None, False]
     # MXNet read its settings first (after NumPy's aliases, without which it cannot import on
-    # the NumPy that Python 3.12+ needs: d2l_transformer/_compat.py, run on its own)
-    pre = f"import runpy; runpy.run_path({_compat.__file__!r}); import mxnet; "
+    # the NumPy that Python 3.12+ needs: d2l_transformer/_runtime/compat.py, run on its own)
+    pre = f"import runpy; runpy.run_path({_compat.__file__!r})['apply'](); import mxnet; "
     assert _probe({}, pre=pre)[0] == [None, False]
     # a child of a managed process (dist workers, benchmark rows) is managed too
     assert _probe({"OMP_NUM_THREADS": "1", _threads._MARK: "1"})[0] == ["1", True]

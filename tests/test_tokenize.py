@@ -103,7 +103,7 @@ def test_load_tokenizer_from_a_model_directory(subword, tmp_path):
 @pytest.fixture(scope="module")
 def full_dir(tmp_path_factory):
     """The `full` preset (subwords) on 600 pairs, one epoch: a model directory."""
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
     out = str(tmp_path_factory.mktemp("full") / "model")
     assert cli.main(["train", "--preset", "full", "--max-pairs", "600", "--epochs", "1",
                      "--ctx", "cpu", "--quiet", "--out", out]) == 0
@@ -134,7 +134,7 @@ def test_subword_model_directory_translates_raw_text(full_dir, capsys):
 def test_damaged_sentencepiece_model_is_one_line(full_dir, tmp_path, capsys):
     import shutil
 
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
     copy = tmp_path / "copy"
     shutil.copytree(full_dir, copy)
     (copy / SPM_TGT).write_bytes(b"x" * len((copy / SPM_TGT).read_bytes()))
@@ -165,7 +165,7 @@ def test_subword_run_resumes_exactly(tmp_path, capsys):
     with the parameters of an uninterrupted 2-epoch run."""
     import mxnet as mx
 
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
     train = ["train", "--preset", "full", "--max-pairs", "600", "--ctx", "cpu", "--quiet",
              "--seed", "2"]
     whole, part = str(tmp_path / "whole"), str(tmp_path / "part")

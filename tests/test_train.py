@@ -150,7 +150,7 @@ def test_a_second_run_into_a_directory_being_trained_is_refused_at_once(tmp_path
     import sys
     import time
 
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out, lock = tmp_path / "m", tmp_path / ".m.lock"
@@ -179,7 +179,7 @@ def test_a_second_run_into_a_directory_being_trained_is_refused_at_once(tmp_path
 
 
 def test_a_lock_file_the_package_did_not_write_is_refused_untouched(tmp_path, capsys):
-    from d2l_transformer import cli
+    from d2l_transformer.cli import commands as cli
 
     (tmp_path / ".m.lock").write_text("mine\n")
     assert cli.main(["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--out",

@@ -14,8 +14,8 @@ import d2l_transformer as d2t
 from d2l_transformer import checkpoint
 from d2l_transformer.inference import step as step_module
 from d2l_transformer.inference.translator import Translator
-from d2l_transformer.variants_norm import PAD_ID, MaskedBatchNorm
-from d2l_transformer.variants_position import ALiBiAttention, alibi_slopes
+from d2l_transformer.variants.norm import PAD_ID, MaskedBatchNorm
+from d2l_transformer.variants.position import ALiBiAttention, alibi_slopes
 
 CTX = mx.cpu()
 CFG = d2t.TINY.replace(num_layers=2, num_heads=4, embedding_size=16, ffn_hidden_size=32)

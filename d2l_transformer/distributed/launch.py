@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from .. import _threads
+from .._runtime import threads as _threads
 from ._launch_child import FAILED_MARKER
 
 LAUNCHERS = ("local", "ssh", "mpi")
@@ -111,7 +111,7 @@ def _interruptible():
 def job_env(environ, launcher, num_workers):
     """The job's environment: this one, unbuffered, without this process's DMLC role; a local
     job's workers share this machine's cores, so each may use cores / workers OpenMP threads
-    (`_threads.MAX_ENV`, unless set)."""
+    (`_runtime.threads.MAX_ENV`, unless set)."""
     env = dict(environ, PYTHONUNBUFFERED="1")
     env.pop("DMLC_ROLE", None)  # this process's role must not leak into the job's
     if launcher == "local":

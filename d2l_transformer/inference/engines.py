@@ -22,7 +22,8 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
 import json
 import os
 
-from .. import _threads, checkpoint
+from .. import checkpoint
+from .._runtime import threads as _threads
 from ..config import TransformerConfig
 from ..data import Vocab
 from ..data import load_tokenizer as _tokenizer_of

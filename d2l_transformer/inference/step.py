@@ -83,7 +83,7 @@ def _attend(F, mha, q, K, V, valid_length, distance=None):
 def cache_distance(F, mha, K):
     """ALiBi's distances (Press et al. 2022) in a newest-first cache K (rows, max_len, hidden):
     row j holds the position j steps before the query's, so (max_len,) 0, 1, ...; None for an
-    attention without ALiBi (`variants_position.ALiBiAttention`)."""
+    attention without ALiBi (`variants.position.ALiBiAttention`)."""
     if not getattr(mha.attention, "alibi", False):
         return None
     return F.npx.arange_like(K, axis=1)  # (max_len,)

@@ -23,7 +23,8 @@ import weakref
 import numpy as onp
 from mxnet import np
 
-from .. import _graphs, _threads
+from .. import _graphs
+from .._runtime import threads as _threads
 from ..data import truncate_pad
 from . import step as _step
 from .limits import BANNED, check_lengths, check_search, decode_limit, require_corrected
@@ -177,7 +178,7 @@ class Translator:
         check_lengths(sentences, self.max_source)  # numbered as given, before sorting
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # less padding
         out = [None] * len(sentences)
-        # OpenMP threads for the output layer's size (`_threads`)
+        # OpenMP threads for the output layer's size (`_runtime.threads`)
         _threads.size_for(min(self.batch_size, len(order)) * beam_size
                           * self.model.decoder.embedding_size * vocab)
         with self.ctx:

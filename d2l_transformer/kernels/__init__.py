@@ -39,7 +39,7 @@ import warnings
 
 import mxnet as mx
 
-from .. import _threads
+from .._runtime import threads as _threads
 from ..io import atomic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -169,7 +169,7 @@ def fused(ctx):
 
 
 def _switch_threads(n):
-    """`_threads`' switch: the engine's CPU worker's OpenMP threads set to n by the
+    """`_runtime.threads`' switch: the engine's CPU worker's OpenMP threads set to n by the
     ``d2t_omp_threads`` operator, which the engine runs on that worker in order with the
     others (`threads.cc`); False when the library does not load."""
     if not load():
@@ -178,7 +178,7 @@ def _switch_threads(n):
     return True
 
 
-_threads.set_switch(_switch_threads)  # the threads' one door is `_threads.size_for`
+_threads.set_switch(_switch_threads)  # the threads' one door is `_runtime.threads.size_for`
 
 
 def active():

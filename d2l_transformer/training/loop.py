@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as onp
 from mxnet import init
 
-from .. import _threads
+from .._runtime import threads as _threads
 from ..distributed.kvstore import GlobalSum, is_distributed
 from .loss import MaskedSoftmaxCELoss
 from .optim import make_trainer
@@ -94,7 +94,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     shared: only the step function (chosen once, `_choose_step`) differs.
 
     ``size_threads=False`` keeps the process's OpenMP thread count (``OMP_NUM_THREADS``, one
-    unless set) instead of sizing it to the work (`_threads`): what the chapter's own code runs
+    unless set) instead of sizing it to the work (`_runtime.threads`): what the chapter's own code runs
     with, whose float rounding an exact run must repeat. The work is the output layer's
     products: rows x ``output_width`` x vocabulary, the width by default the decoder's
     ``embedding_size`` (the Transformer's; a seq2seq model's is its LSTMs' units).
@@ -174,7 +174,7 @@ def _train_epoch(model, data_iter, step, ctxs, epoch, *, parallel, per_width, th
         # a single device gets the batch here; `_parallel_step` splits it across devices
         X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
         Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
-        if not done and thread_width:  # threads for this size (`_threads`), each epoch
+        if not done and thread_width:  # threads for this size (`_runtime.threads`), each epoch
             _threads.size_for(X.shape[0] // len(ctxs) * Y_label.shape[1] * thread_width
                               * model.decoder.dense.weight.shape[0])  # V: its units
         batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)

@@ -8,7 +8,7 @@ import time
 
 from mxnet import init, nd
 
-from .. import _cpu_math, checkpoint
+from .. import _runtime, checkpoint
 from ..build import build_model
 from ..data import (
     WordTokenizer,
@@ -149,7 +149,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             except lock.Locked as e:
                 raise RunError(str(e)) from None
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
-        _cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
+        _runtime.cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
         set_seed(seed)
         run.prepare_data()
         if not run.load_or_build_model():
@@ -356,7 +356,7 @@ class _Run:
             summary["translations"], summary["bleu"] = edition_translations(
                 self.model, self.src_vocab, self.tgt_vocab, cfg, ctx)
         summary.update(edition=cfg.edition, architecture=cfg.architecture)
-        summary["cpu_math"] = _cpu_math.describe(str(ctx))  # which kernels made these numbers
+        summary["cpu_math"] = _runtime.cpu_math.describe(str(ctx))  # which kernels made these numbers
         if self.writer:
             self.save()
 

@@ -2,13 +2,13 @@
 prediction cells do (`book_translations`: d2l 0.11's; `edition_translations`: 0.17's and 1.0's,
 with their BLEU)."""
 
-from ..book import EDITIONS, SENTENCES
 from ..data import detokenize_words
 from ..evaluate import bleu
 from ..inference.decode import chapter_greedy, predict_s2s_ch8, predict_step
 from ..inference.engines import MXNetEngine
 from ..inference.limits import chapter_only
 from ..inference.translator import Translator
+from ..report.book import EDITIONS, SENTENCES
 
 
 def book_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer=None):

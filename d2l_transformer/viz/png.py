@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402
 
-from ..claim import seconds_per_epoch  # noqa: E402
+from ..report.claim import seconds_per_epoch  # noqa: E402
 
 
 def plot_positional_encoding(Y, path, dims=(4, 5, 6, 7)):

@@ -5,7 +5,7 @@ at all: only the decoder's causal mask tells order), ``"learned"`` (a learned ta
 positions, Gehring et al. 2017, Devlin et al. 2019) and ``"alibi"`` (ALiBi, Press et al. 2022,
 "Train Short, Test Long": no position added to the embeddings; each self-attention head
 subtracts ``slope_h * distance`` from its scores). Subclasses of the chapter's blocks with its
-attribute and parameter names; `variants.py` builds them.
+attribute and parameter names; `variants.blocks` builds them.
 """
 
 import math
@@ -15,9 +15,9 @@ import mxnet as mx
 from mxnet import init
 from mxnet.gluon import nn
 
-from ._names import SameNames
-from .attention import DotProductAttention, masked_softmax
-from .layers import PositionalEncoding
+from ..attention import DotProductAttention, masked_softmax
+from ..layers import PositionalEncoding
+from .names import SameNames
 
 POS_ENCODINGS = ("sincos", "none", "learned", "alibi")
 MAX_LEN = 1000  # the chapter's max_len: the positions a sentence may have
@@ -80,7 +80,7 @@ class ALiBiAttention(SameNames, DotProductAttention):
     ``-slope_h * distance`` to each score before the masked softmax. ``distance`` (q, k) or
     (k,): given, or |k - q + i - j| for query i and key j, the queries being the last q of the
     k positions (encoder: |i - j|; a decoder's self-attention with its past first: i - j, its
-    later keys masked). ``drophead`` > 0: DropHead on its rows (`variants.DropHeadAttention`)."""
+    later keys masked). ``drophead`` > 0: DropHead on its rows (`variants.blocks.DropHeadAttention`)."""
 
     alibi = True
 

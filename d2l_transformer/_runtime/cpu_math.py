@@ -8,7 +8,7 @@ MXNet's oneDNN reads no ``ONEDNN_`` spelling) and fixes OpenBLAS's kernels to it
 (``OPENBLAS_CORETYPE``), the kernels every x86-64 CPU with AVX2 and FMA (Intel since Haswell,
 AMD since Zen) can run, so such a CPU computes what the README's table was made with
 (docs/chapter.md, "The same numbers on every CPU", has the measurements). The OpenMP thread
-count changes the rounding too: that rule is `_threads`' (one thread at the chapter's sizes,
+count changes the rounding too: that rule is `threads`' (one thread at the chapter's sizes,
 and a user's ``OMP_NUM_THREADS`` wins); `describe` reports both.
 
 OpenBLAS reads its variable when it loads, with MXNet; oneDNN its own at its first kernel. So
@@ -119,7 +119,7 @@ def settle(cfg):
     """Before a run of `cfg` computes: keep oneDNN capped for a run on a slice of the data
     (``cfg.num_examples`` set: every edition's chapter run, exact or corrected, and ``tiny``);
     lift the cap for a run on the whole corpus (the ``full`` presets). Those size their threads
-    to the machine's cores (`_threads`), so their numbers depend on the machine anyway, and the
+    to the machine's cores (`threads`), so their numbers depend on the machine anyway, and the
     cap would cost them speed (docs/benchmarks.md, "The CPU math"). OpenBLAS stays on its
     Haswell kernels: they are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its
     first kernel, so the first run of a process decides for the process: `train_model` and

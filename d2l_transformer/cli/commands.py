@@ -1,36 +1,37 @@
 """``d2l-transformer train|translate|evaluate|launch|serve|export|compare``: the console script.
 
-Only wiring: the options from `cli_parser`, training from `training.run`, translating from
+Only wiring: the options from `cli.parser`, training from `training.run`, translating from
 `inference.engines`, BLEU from `evaluate`, model directories from `checkpoint`, the book table
-from `book`.
+from `report.book`.
 Errors the user can cause print one line ``error: ...`` and exit non-zero; anything else is a
-bug and keeps its traceback (`_guard`).
+bug and keeps its traceback (`cli.guard`).
 """
 
 import logging
 import os
 import sys
 
-from . import checkpoint, cli_parser
-from ._guard import EXIT_BAD_INPUT, EXIT_BUG, EXIT_ERROR, guarded  # noqa: F401 (EXIT_BUG)
-from .book import compare, load_run, printed_lines
-from .config import load_overrides, parse_overrides, preset_config, resume_overrides
-from .context import parse_ctx, parse_ctx_list
-from .data import DataError, TokenizerError
-from .distributed.kvstore import create_kvstore
-from .distributed.launch import LaunchError, launch
-from .evaluate import evaluate_model, format_files_report, format_report, score_files
-from .inference.engines import MXNetEngine, open_engine
-from .inference.export import ExportError
-from .inference.limits import (
+from .. import checkpoint
+from ..config import load_overrides, parse_overrides, preset_config, resume_overrides
+from ..context import parse_ctx, parse_ctx_list
+from ..data import DataError, TokenizerError
+from ..distributed.kvstore import create_kvstore
+from ..distributed.launch import LaunchError, launch
+from ..evaluate import evaluate_model, format_files_report, format_report, score_files
+from ..inference.engines import MXNetEngine, open_engine
+from ..inference.export import ExportError
+from ..inference.limits import (
     ExactChapterError,
     input_sentences,
     refusal_report,
     require_corrected,
     screen_inputs,
 )
-from .io import atomic
-from .training.run import RunError, train_model
+from ..io import atomic
+from ..report.book import compare, load_run, printed_lines
+from ..training.run import RunError, train_model
+from . import parser
+from .guard import EXIT_BAD_INPUT, EXIT_BUG, EXIT_ERROR, guarded  # noqa: F401 (EXIT_BUG)
 
 
 class UserError(Exception):
@@ -62,13 +63,13 @@ def cmd_translate(args):
     for out in outputs:  # one output line per input line, empty when skipped
         print(tokenizer.decode(out))
     if args.attention and good:
-        from .viz.png import plot_attention_maps
+        from ..viz.png import plot_attention_maps
         m = explainer  # the first sentence's maps, of the engine's translation
         for path in plot_attention_maps(m.model, good[0], outputs[ok.index(True)], m.src_vocab,
                                         m.tgt_vocab, m.cfg.num_steps, ctx, args.attention):
             print(f"wrote {path}", file=sys.stderr)
     if args.attention_html and good:  # the interactive explorer (MXNet's), data inlined
-        from .viz.attention_html import explorer_items, write_explorer
+        from ..viz.attention_html import explorer_items, write_explorer
         texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
         write_explorer(args.attention_html,
                        explorer_items(explainer, tokenizer, texts, args.beam, args.alpha))
@@ -184,7 +185,7 @@ def cmd_launch(args):
 
 
 def cmd_serve(args):
-    from .serve import ServeError, run
+    from ..serve import ServeError, run
     _device(args.ctx)  # a bad --ctx is one line before anything starts
     try:
         hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()] \
@@ -197,7 +198,7 @@ def cmd_serve(args):
 
 
 def cmd_export(args):
-    from .inference.export import export
+    from ..inference.export import export
     manifest = export(args.model, args.out, _device(args.ctx), format=args.format,
                       quantization=args.quantization)
     print(f"wrote {args.out}: " + ", ".join(sorted(manifest["files"])), file=sys.stderr)
@@ -219,8 +220,8 @@ COMMANDS = {"train": cmd_train, "translate": cmd_translate, "evaluate": cmd_eval
 
 
 def get_parser():
-    """The command line's parser (`cli_parser`), each command wired to its ``cmd_*``."""
-    return cli_parser.get_parser(COMMANDS)
+    """The command line's parser (`cli.parser`), each command wired to its ``cmd_*``."""
+    return parser.get_parser(COMMANDS)
 
 
 def main(argv=None):

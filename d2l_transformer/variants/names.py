@@ -1,6 +1,6 @@
 """`SameNames`: a variant's block keeps the Gluon name of the chapter's class it extends."""
 
-_OURS = ("d2l_transformer.variants", __name__)  # variants.py, variants_*.py and this module
+_OURS = __name__.rpartition(".")[0] + "."  # the modules of variants/
 
 
 class SameNames:

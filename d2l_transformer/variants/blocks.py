@@ -2,7 +2,7 @@
 
 Pre-norm (Xiong et al. 2020), ScaleNorm and FixNorm (Nguyen & Salazar 2019), LayerDrop (Fan et
 al. 2019), DropHead (Zhou et al. 2020) and a fused query/key/value projection; batch norms
-(`variants_norm`) and other positional encodings (`variants_position`). `build.build_model`
+(`variants.norm`) and other positional encodings (`variants.position`). `build.build_model`
 builds these classes only for a config that asks for a variant; the chapter's classes do not
 know them. Each subclass keeps the chapter's attribute names and Gluon's parameter names
 (`_alias`), so a variant's model directory reads as before. Random choices are dropout
@@ -14,19 +14,19 @@ import math
 from mxnet import init, np
 from mxnet.gluon import nn
 
-from . import _gluon, _graphs
-from ._names import SameNames as _SameNames
-from .attention import _F, DotProductAttention, MultiHeadAttention
-from .layers import AddNorm, PositionWiseFFN
-from .model import (
+from .. import _gluon, _graphs
+from ..attention import _F, DotProductAttention, MultiHeadAttention
+from ..layers import AddNorm, PositionWiseFFN
+from ..model import (
     DecoderBlock,
     EncoderBlock,
     TransformerDecoder,
     TransformerEncoder,
     causal_valid_length,
 )
-from .variants_norm import id_mask, make_batch_norm, token_mask
-from .variants_position import ALiBiAttention, make_pos_encoding
+from .names import SameNames as _SameNames
+from .norm import id_mask, make_batch_norm, token_mask
+from .position import ALiBiAttention, make_pos_encoding
 
 
 class ScaleNorm(nn.HybridBlock):
@@ -49,7 +49,7 @@ NORMS = ("layer", "scale", "batch", "masked_batch")
 
 def make_norm(norm="layer", hidden_size=None):
     """``"layer"``: the chapter's LayerNorm; ``"scale"``: ScaleNorm; ``"batch"``,
-    ``"masked_batch"``: batch normalization (`variants_norm`, over `hidden_size` features)."""
+    ``"masked_batch"``: batch normalization (`variants.norm`, over `hidden_size` features)."""
     if norm not in NORMS:
         raise ValueError(f"unknown norm {norm!r}: expected one of {', '.join(NORMS)}")
     if norm in ("batch", "masked_batch"):
@@ -96,7 +96,7 @@ class DropHeadAttention(_SameNames, DotProductAttention):
 
 class VariantMultiHeadAttention(_SameNames, MultiHeadAttention):
     """Multi-head attention with DropHead (``drophead`` p > 0, see `set_drophead`), ALiBi's
-    bias on the scores (``alibi``, `variants_position.ALiBiAttention`) and/or one Dense
+    bias on the scores (``alibi``, `variants.position.ALiBiAttention`) and/or one Dense
     ``W_qkv`` of width 3 * hidden_size (rows: W_q, W_k, W_v) for the projections."""
 
     def __init__(self, hidden_size, num_heads, dropout, *, drophead=0.0, fused_qkv=False,
@@ -308,7 +308,7 @@ class VariantTransformerDecoder(_SameNames, _VariantStack, TransformerDecoder):
 
     def forward(self, X, state):
         """X: (batch, seq_len) target ids; with ``norm="masked_batch"`` the norms count the
-        positions whose id is not ``<pad>`` (`variants_norm.id_mask`)."""
+        positions whose id is not ``<pad>`` (`variants.norm.id_mask`)."""
         m = (id_mask(X),) if self.masked else ()  # (batch, seq_len) real tokens
         past = state[2][self.active_blocks()[0].i]  # the positions X continues after
         X = self.embed(X) * math.sqrt(self.embedding_size)

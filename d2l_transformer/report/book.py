@@ -4,7 +4,7 @@ book's seq2seq models' runs in tables of their own)."""
 import json
 import os
 
-from . import _cpu_math
+from .._runtime import cpu_math as _cpu_math
 
 BOOK_LOSS = 0.033
 BOOK_TRANSLATIONS = {
@@ -247,7 +247,7 @@ def compare(runs, edition=None):
 
 
 def cpu_math_lines(runs):
-    """The kernels the runs computed with (`_cpu_math.line`): one line when every run used the
+    """The kernels the runs computed with (`_runtime.cpu_math.line`): one line when every run used the
     same, else one per group of runs; each says why the table may differ from the README's."""
     groups = {}
     for title, s in runs:

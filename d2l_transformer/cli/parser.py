@@ -6,14 +6,14 @@ commands' modules: `cli` hands it the functions (`get_parser(commands)`).
 import argparse
 import os
 
-from .config import ARCHITECTURES, EDITIONS, PRESETS
-from .distributed.kvstore import KVSTORES
-from .distributed.launch import LAUNCHERS
-from .inference.engines import DEFAULT_ENGINE, ENGINES
-from .inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
-from .inference.export import FORMATS as EXPORT_FORMATS
-from .inference.export.ctranslate2 import QUANTIZATIONS
-from .inference.translator import ALPHA, BEAM_SIZE
+from ..config import ARCHITECTURES, EDITIONS, PRESETS
+from ..distributed.kvstore import KVSTORES
+from ..distributed.launch import LAUNCHERS
+from ..inference.engines import DEFAULT_ENGINE, ENGINES
+from ..inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
+from ..inference.export import FORMATS as EXPORT_FORMATS
+from ..inference.export.ctranslate2 import QUANTIZATIONS
+from ..inference.translator import ALPHA, BEAM_SIZE
 
 
 def _engine_option(parser):

@@ -5,9 +5,9 @@ NumPy aliases of Python's builtins, `np.bool`, `np.int`, `np.float`, `np.object`
 and `np.str`. NumPy deprecated them in 1.20 and removed them in 1.24, but the oldest NumPy
 with wheels for Python 3.12 is 1.26. `apply()` puts back exactly the aliases that are missing,
 bound to the builtins they always named; on NumPy < 1.24 they all still exist and nothing is
-changed. It must run before the first `import mxnet`: `d2l_transformer/__init__.py` imports this
-module first thing, so code that needs mxnet imports d2l_transformer before it (scripts, the
-tests' conftest.py).
+changed. It must run before the first `import mxnet`: it is the first part of the package's step before
+MXNet loads (`_runtime.prepare`), so code that needs mxnet imports d2l_transformer before it
+(scripts, the tests' conftest.py).
 
 MXNet also imports `distutils.version`, which left the standard library in Python 3.12; the
 `setuptools` package provides it again (setup.py requires it from 3.12 on). See docs/install.md.
@@ -34,6 +34,3 @@ def apply():
             setattr(numpy, name, getattr(builtins, name))
             added.append(name)
     return added
-
-
-apply()

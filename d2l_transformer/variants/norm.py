@@ -8,8 +8,8 @@ at inference, so a translation does not depend on its batch.
 
 from mxnet.gluon import nn
 
-from ._names import SameNames
-from .attention import _F
+from ..attention import _F
+from .names import SameNames
 
 PAD_ID = 1  # <pad> in the package's vocabularies (data.Vocab: <unk> 0, then <pad>; sentencepiece
 # is told the same); not in d2l 1.0's sorted vocabularies (config.check refuses that edition)
