@@ -51,6 +51,7 @@ setup(
         "matplotlib",
         "sacrebleu>=2",  # sacrebleu.metrics.BLEU / CHRF and their signatures
         "sentencepiece",  # the subword presets' tokenizer
+        "pycountry>=24.6.1",  # ISO 639 language codes and names (data.sources)
         "tqdm",  # the training progress bar
     ],
     extras_require={

@@ -31,6 +31,7 @@ so the tie holds after loading; an ``"all"`` model's two vocabularies must be on
 
 import errno
 import json
+import logging
 import os
 import shutil
 
@@ -40,11 +41,14 @@ from mxnet import init, np
 from ._runtime import cpu_math as _cpu_math
 from .build import build_model
 from .config import TransformerConfig
-from .data import Vocab
+from .data import DataError, Vocab, open_data
+from .data.sources import fingerprint
 from .data.tokenize import TokenizerError
 from .data.tokenize import load_tokenizer as _load_tokenizer
 from .io import atomic
 from .io.manifest import MANIFEST, ManifestError, build_manifest, read_checked
+
+log = logging.getLogger(__name__)
 
 PARAMS, SRC_VOCAB, TGT_VOCAB = "params.params", "src_vocab.json", "tgt_vocab.json"
 CONFIG, SUMMARY, TRAINER = "config.json", "summary.json", "trainer.states"
@@ -232,6 +236,32 @@ def _retrying(read, directory, attempts=3):
 def load_config(directory):
     """The TransformerConfig saved in a model directory (CheckpointError if unreadable)."""
     return _retrying(_Dir.config, directory)
+
+
+def load_summary(directory):
+    """The training summary saved in a model directory (summary.json: the run's figures and its
+    ``data``); CheckpointError if unreadable."""
+    return _retrying(lambda d: d.read_json(SUMMARY), directory)
+
+
+def trained_data(directory, data=None):
+    """The `data.DataSource` of the model in `directory`, in its direction (config.json's
+    languages): `data` (a path, two aligned files) when given, else the files its summary.json
+    records (a model trained before they were recorded: the default fra-eng.zip). DataError,
+    one line, when the recorded files are gone; a logged line when `data` is not the corpus
+    the model was trained on (its held-out parts are then not the model's)."""
+    cfg = load_config(directory)
+    recorded = load_summary(directory).get("data") or {}
+    files = recorded.get("files")
+    if data is None and files and not all(os.path.exists(f) for f in files):
+        raise DataError(f"model directory {os.path.abspath(directory)} was trained on "
+                        f"{' and '.join(files)}, which is not there: give --data")
+    source = open_data(data or files, *cfg.pair, None if data else recorded.get("columns"))
+    if data is not None and recorded.get("sha256") and \
+            fingerprint(source.pairs()) != recorded["sha256"]:
+        log.warning("%s is not the corpus %s was trained on: its held-out parts are not the "
+                    "model's", source.shown, directory)
+    return source
 
 
 def _load(d, ctxs):

@@ -52,6 +52,10 @@ class TransformerConfig:
     # reported cross-entropy do not depend on how a batch was padded (MaskedSoftmaxCELoss)
     split_by: str = "source"  # num_valid/num_test hold out "source" sentences (all their pairs)
     # or random "pair"s (how model directories written before "source" existed were split)
+    # the languages, translated from source_lang to target_lang (codes: docs/data.md); None:
+    # from the data's file names, the first column to the second (fra-eng.zip: en to fr)
+    source_lang: Optional[str] = None
+    target_lang: Optional[str] = None
     # Adam's moment decays and epsilon (MXNet's defaults: the chapter's; the paper's 5.3 uses
     # 0.9, 0.98, 1e-9)
     beta1: float = 0.9
@@ -99,6 +103,12 @@ class TransformerConfig:
         """The width of the rows the output layer multiplies: the Transformer's
         ``embedding_size``, a seq2seq model's ``rnn_hidden_size`` (its LSTMs' units)."""
         return self.embedding_size if self.architecture == "transformer" else self.rnn_hidden_size
+
+    @property
+    def pair(self):
+        """``(source_lang, target_lang)``; a config saved without languages (written before
+        they existed, or by `checkpoint.save` of a preset) is the package's English to French."""
+        return self.source_lang or "en", self.target_lang or "fr"
 
     def replace(self, **changes):
         """A copy with some fields changed (the dataclass is frozen)."""
@@ -176,6 +186,8 @@ class TransformerConfig:
         if unknown:
             raise ValueError(f"config has unknown fields: {', '.join(unknown)}")
         data.setdefault("split_by", "pair")  # written before held-out sources: a split of pairs
+        data.setdefault("source_lang", "en")  # written before languages: English to French
+        data.setdefault("target_lang", "fr")
         return cls(**data)
 
 

@@ -10,11 +10,14 @@ the signature); subword models are cased. See docs/evaluation.md.
 
 import collections
 import math
+import os
 import time
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from .data import WordTokenizer, evaluation_sets
+from . import checkpoint
+from .data import DataError, Pairs, WordTokenizer, evaluation_sets, source_overlap, split_corpus
+from .data.sources import read_lines
 from .inference.engines import DEFAULT_ENGINE, open_engine
 from .inference.limits import chapter_only
 from .inference.translator import ALPHA, BEAM_SIZE
@@ -195,59 +198,114 @@ def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, low
 
 def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE, alpha=ALPHA,
                    data_path=None, max_sentences=1000, lowercase=False, examples=0, no_unk=False,
-                   engine_threads=0):
+                   engine_threads=0, test=None):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
     `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
-    `inference.engines`): the chapter's four sentences with d2l's `bleu`, then corpus BLEU and chrF
-    (`score`, and `score_all_references`) of the first `max_sentences` pairs of each evaluation
-    set (`data.evaluation_sets`: the preset's valid and test parts, or the chapter's training
-    and held-out pairs), greedy and with a beam of `beam` (greedy only for an exact-chapter
-    model). Returns the report (a JSON-able dict); ``examples``: keep the first N translations
-    of each set; ``engine_threads``: CTranslate2's (`open_engine`). Errors are one line
-    (CheckpointError, DataError, ExactChapterError, ExportError)."""
+    `inference.engines`): for an English-to-French model the chapter's four sentences with d2l's
+    `bleu`, then corpus BLEU and chrF (`score`, and `score_all_references`) of the first
+    `max_sentences` pairs of each evaluation set, greedy and with a beam of `beam` (greedy only
+    for an exact-chapter model). The sets: ``test``, a user's ``(source file, [reference
+    files])`` (`read_test_set`), else `data.evaluation_sets` of the data the model was trained on
+    (`checkpoint.trained_data`: `data_path`, else what its directory records): the preset's
+    valid and test parts, or the chapter's training and held-out pairs. Returns the report (a
+    JSON-able dict); ``examples``: keep the first N translations of each set;
+    ``engine_threads``: CTranslate2's (`open_engine`). Errors are one line (CheckpointError,
+    DataError, ExactChapterError, ExportError)."""
     translator = open_engine(model_dir, engine, ctx, no_unk=no_unk, engine_threads=engine_threads)
     cfg, tok = translator.cfg, translator.tokenizer
-    src_vocab, tgt_vocab = translator.src_vocab, translator.tgt_vocab
     lowercase = tok.lowercase or lowercase
     decoders = [("greedy", 1)] + ([] if chapter_only(cfg) else [(f"beam {beam}", beam)])
     report = {"model": model_dir, "engine": translator.name,
               "preset": translator.summary.get("preset"), "tokenizer": tok.kind,
+              "source_lang": cfg.pair[0], "target_lang": cfg.pair[1],
               "lowercase": lowercase, "chapter_sentences": [], "sets": []}
+    if cfg.pair == ("en", "fr"):  # the book's sentences are English, their references French
+        report["chapter_sentences"] = _chapter_sentences(translator, decoders, alpha)
+    if test is not None:
+        sets, note = [read_test_set(*test, overlap_with=_training_sources(model_dir, cfg, data_path))], None
+    else:
+        data = checkpoint.trained_data(model_dir, data_path)
+        sets, note = evaluation_sets(cfg, translator.src_vocab, translator.tgt_vocab, data)
+    if note:
+        report["note"] = note
+    for name, pairs, overlap in sets:
+        report["sets"].append(_score_set(translator, name, pairs, overlap, decoders, alpha,
+                                         max_sentences, lowercase, examples, test is None))
+    return report
+
+
+def _chapter_sentences(translator, decoders, alpha):
+    """The chapter's four sentences (`BLEU_PAIRS_TEXT`) translated, each decoder, with d2l's
+    `bleu` on d2l's lower-cased tokens."""
     words = WordTokenizer()  # d2l's bleu compares d2l's lower-cased tokens
 
     def d2l_tokens(text):
         return " ".join(words.encode(text))
+    out = []
     for name, k in decoders:
         outs = translate_texts(translator, [e for e, _ in BLEU_PAIRS_TEXT], k, alpha)
-        for (eng, fra), out in zip(BLEU_PAIRS_TEXT, outs):
-            report["chapter_sentences"].append({
-                "source": eng, "reference": fra, "decoder": name, "translation": out,
-                "d2l_bleu": bleu(d2l_tokens(out), d2l_tokens(fra), k=2)})
-    sets, note = evaluation_sets(cfg, src_vocab, tgt_vocab, data_path)
-    if note:
-        report["note"] = note
-    for name, pairs, overlap in sets:
-        src, refs = pairs.source[:max_sentences], pairs.target[:max_sentences]
-        entry = {"name": name, "pairs": len(pairs.source), "scored": len(src),
-                 "sources_seen_in_training": overlap, "decoders": {}}
-        report["sets"].append(entry)
-        for decoder, k in decoders if src else ():
-            result, hyps = translate_and_score(translator, src, refs, k, alpha,
-                                               lowercase=lowercase)
-            outs = [tok.detokenize(h) for h in hyps]
+        for (eng, fra), hyp in zip(BLEU_PAIRS_TEXT, outs):
+            out.append({"source": eng, "reference": fra, "decoder": name, "translation": hyp,
+                        "d2l_bleu": bleu(d2l_tokens(hyp), d2l_tokens(fra), k=2)})
+    return out
+
+
+def _score_set(translator, name, pairs, overlap, decoders, alpha, max_sentences, lowercase,
+               examples, grouped):
+    """One set's entry of the report: each decoder's scores of its first `max_sentences`
+    pairs; ``grouped``: also each source once against all the set's references for it
+    (`score_all_references`: a held-out part of a corpus with several translations a source)."""
+    src, refs = pairs.source[:max_sentences], pairs.target[:max_sentences]
+    entry = {"name": name, "pairs": len(pairs.source), "scored": len(src),
+             "sources_seen_in_training": overlap, "decoders": {}}
+    for decoder, k in decoders if src else ():
+        result, hyps = translate_and_score(translator, src, refs, k, alpha, lowercase=lowercase)
+        if grouped:
+            outs = [translator.tokenizer.detokenize(h) for h in hyps]
             result["all_references"] = score_all_references(outs, src, pairs, lowercase)
-            entry["decoders"][decoder] = result
-        if examples and src:  # the last decoder's (the beam's)
-            entry["examples"] = [{"source": s, "reference": r, "translation": h}
-                                 for s, r, h in list(zip(src, refs, hyps))[:examples]]
-    return report
+        entry["decoders"][decoder] = result
+    if examples and src:  # the last decoder's (the beam's)
+        entry["examples"] = [{"source": s, "reference": r, "translation": h}
+                             for s, r, h in list(zip(src, refs, hyps))[:examples]]
+    return entry
+
+
+def read_test_set(source_path, ref_paths, overlap_with=None):
+    """A user's test set as an evaluation set ``(name, Pairs, sources seen in training)``: the
+    source file and one or more reference files, one sentence a line (as sacreBLEU reads
+    them; with several files each line has that many references). ``overlap_with``: the
+    training part's sources, to count the test sources the model was trained on (None: not
+    counted). A file that cannot be read, line counts that differ, or an empty source line are
+    a one-line DataError."""
+    sources = read_lines(source_path)
+    streams = [read_lines(path) for path in ref_paths]
+    for path, refs in zip(ref_paths, streams):
+        if len(refs) != len(sources):
+            raise DataError(f"{source_path} has {len(sources)} lines but {path} has {len(refs)}")
+    empty = next((i for i, s in enumerate(sources) if not s.strip()), None)
+    if empty is not None:
+        raise DataError(f"{source_path} line {empty + 1} is empty: nothing to translate")
+    refs = streams[0] if len(streams) == 1 else [list(r) for r in zip(*streams)]
+    overlap = None if overlap_with is None else source_overlap(sources, overlap_with)
+    return os.path.basename(source_path), Pairs(sources, refs), overlap
+
+
+def _training_sources(model_dir, cfg, data_path):
+    """The source sentences of the model's training part, or None when its data is not at hand
+    (a test set is then scored without counting what training saw)."""
+    try:
+        data = checkpoint.trained_data(model_dir, data_path)
+        return split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, data,
+                            cfg.split_by).train.source
+    except DataError:
+        return None
 
 
 def format_report(report):
     """The text ``d2l-transformer evaluate --model`` prints for an `evaluate_model` report."""
     words = WordTokenizer()
     lines = ["the chapter's sentences, per-sentence BLEU (d2l's bleu, k=2, on d2l's lower-cased "
-             "tokens):"]
+             "tokens):"] if report["chapter_sentences"] else []
     for c in report["chapter_sentences"]:
         shown = c["source"] if report["tokenizer"] == "subword" else " ".join(words.encode(c["source"]))
         lines.append(f"  [{c['decoder']}] {shown} => {c['translation']}, bleu {c['d2l_bleu']:.3f}")
@@ -265,15 +323,17 @@ def format_report(report):
             continue
         cells, multi_cells = [], []
         for decoder, result in entry["decoders"].items():
-            signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"],
-                          "all references' BLEU": result["all_references"]["bleu_signature"]}
+            signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"]}
             cells.append(f"{decoder}: {format_score(result)} ({result['seconds']:.0f} s)")
-            multi_cells.append(f"{decoder}: {format_score(result['all_references'])}")
+            if "all_references" in result:
+                signatures["all references' BLEU"] = result["all_references"]["bleu_signature"]
+                multi_cells.append(f"{decoder}: {format_score(result['all_references'])}")
         lines.append(f"  {entry['name']} ({entry['scored']} of {entry['pairs']}): "
                      + "  ".join(cells) + seen)
-        multi = result["all_references"]
-        lines.append(f"    each of its {multi['sentences']} sources once, against all its "
-                     f"references (1 to {multi['most_references']}): " + "  ".join(multi_cells))
+        if multi_cells:
+            multi = result["all_references"]
+            lines.append(f"    each of its {multi['sentences']} sources once, against all its "
+                         f"references (1 to {multi['most_references']}): " + "  ".join(multi_cells))
         for ex in entry.get("examples", []):
             lines.append(f"    {ex['source']} => {ex['translation']}   "
                          f"[reference: {ex['reference']}]")

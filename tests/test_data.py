@@ -65,8 +65,9 @@ def test_damaged_zip_is_one_clear_line(tmp_path):
         d2t.read_data_nmt(str(bad))
     other = tmp_path / "other.zip"
     with zipfile.ZipFile(other, "w") as z:
-        z.writestr("x.txt", "hi")
-    with pytest.raises(DataError, match="has no fra-eng/fra.txt"):
+        z.writestr("_about.txt", "hi")
+        z.writestr("pairs.csv", "a,b")
+    with pytest.raises(DataError, match="holds no text member"):
         d2t.read_data_nmt(str(other))
 
 

@@ -86,7 +86,7 @@ def test_heldout_leaves_out_sources_the_chapter_trains_on(tmp_path, nmt):
 
 
 def test_read_pairs_numbers_lines_as_tokenize_nmt(tmp_path):
-    path = _zip(tmp_path, ["Go.\tVa\u202f!", "no tab here", "Hi.\tSalut !"])
+    path = _zip(tmp_path, ["Go.\tVa\u202f!", "Hi.\tSalut !"])
     assert read_pairs(path) == (["Go.", "Hi."], ["Va !", "Salut !"])
     assert read_pairs(path, 0) == (["Go."], ["Va !"])  # num_examples 0: line 0 alone
     text = d2t.preprocess_nmt(d2t.read_data_nmt(path))

@@ -72,7 +72,8 @@ def cmd_translate(args):
         from ..viz.attention_html import explorer_items, write_explorer
         texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
         write_explorer(args.attention_html,
-                       explorer_items(explainer, tokenizer, texts, args.beam, args.alpha))
+                       explorer_items(explainer, tokenizer, texts, args.beam, args.alpha),
+                       pair=engine.cfg.pair)
         print(f"wrote {args.attention_html}", file=sys.stderr)
     return EXIT_BAD_INPUT if False in ok else 0
 
@@ -101,15 +102,18 @@ def _evaluate_files(args):
 
 
 def cmd_evaluate(args):
-    if args.hyp or args.ref:
+    if args.hyp or (args.ref and not args.src):
         return _evaluate_files(args)
     if not args.model:
         raise UserError("evaluate needs --model DIR, or --hyp FILE --ref FILE")
+    if bool(args.src) != bool(args.ref):
+        raise UserError("--src and --ref go together (your test set and its references)")
     report = evaluate_model(args.model, engine=args.engine, ctx=_device(args.ctx),
                             beam=args.beam, alpha=args.alpha, data_path=args.data,
                             max_sentences=args.max_sentences, lowercase=args.lowercase,
                             examples=args.examples, no_unk=args.no_unk,
-                            engine_threads=args.engine_threads)
+                            engine_threads=args.engine_threads,
+                            test=(args.src, args.ref) if args.src else None)
     print(format_report(report))
     if args.json:
         _write_json(args.json, report)
@@ -141,6 +145,9 @@ def _train_config(args):
         overrides.update(parse_overrides(args.set or []))
         if args.exact_chapter and not args.resume:
             overrides["exact_chapter"] = True
+        for field in ("source_lang", "target_lang"):
+            if getattr(args, field) is not None:
+                overrides[field] = getattr(args, field)
         if args.max_pairs is not None and not args.resume:
             overrides["num_examples"] = args.max_pairs - 1  # d2l keeps lines 0..num_examples
         if args.resume:
@@ -237,9 +244,11 @@ def main(argv=None):
 
 def _user_paths(args):
     """The paths the command line names, absolute."""
-    paths = [getattr(args, k, None) for k in ("out", "model", "data", "attention", "attention_html",
-                                              "hostfile", "json", "hyp", "ref")]
-    paths += list(getattr(args, "runs", None) or [])
+    paths = []
+    for k in ("out", "model", "data", "attention", "attention_html", "hostfile", "json", "hyp",
+              "src", "ref", "runs"):
+        value = getattr(args, k, None)
+        paths += value if isinstance(value, list) else [value]
     return [os.path.abspath(p) for p in paths if isinstance(p, str) and p]
 
 

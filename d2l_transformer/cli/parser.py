@@ -27,6 +27,10 @@ def _engine_option(parser):
                              "(docs/export.md); the mxnet engine ignores it")
 
 
+def _data_option(parser, text):
+    parser.add_argument("--data", nargs="+", metavar="PATH", default=None, help=text)
+
+
 def get_parser(commands):
     """The parser of every subcommand; `commands`: ``{name: function}``, the function each
     command's arguments go to (``args.func``)."""
@@ -73,7 +77,15 @@ def _add_train(sub, commands):
                             "directory that is not a model directory never is)")
     t.add_argument("--exact-chapter", action="store_true",
                    help="the book's three bugs (trains on the chapter's imperative loop)")
-    t.add_argument("--data", default=None, help="path of fra-eng.zip")
+    _data_option(t, "train on: a Tatoeba zip (xxx-eng.zip), a TSV file (source<TAB>target), or "
+                    "two aligned files, one sentence a line (default: the shipped fra-eng.zip; "
+                    "docs/data.md)")
+    t.add_argument("--source-lang", default=None, metavar="CODE",
+                   help="the language to translate from (en, fr, de, ...): one of the data's "
+                        "two, or the first column's of a file whose name does not tell "
+                        "(default: the first column's)")
+    t.add_argument("--target-lang", default=None, metavar="CODE",
+                   help="the language to translate into (default: the other one)")
     t.add_argument("--config", metavar="FILE", default=None,
                    help="a JSON object of config fields on top of the preset, e.g. "
                         '{"lr": 0.001, "num_layers": 3} (see docs/usage.md)')
@@ -93,7 +105,7 @@ def _add_train(sub, commands):
 
 
 def _add_translate_and_evaluate(sub, commands):
-    for name, text in (("translate", "translate English sentences"),
+    for name, text in (("translate", "translate sentences (of the model's source language)"),
                        ("evaluate", "BLEU and chrF of a model directory "
                                     "(or of a file of translations)")):
         e = sub.add_parser(name, help=text)
@@ -115,7 +127,8 @@ def _add_translate_and_evaluate(sub, commands):
             e.add_argument("--attention-html", metavar="FILE", default=None,
                            help="write the sentences' attention explorer as one HTML file")
         else:
-            e.add_argument("--data", default=None, help="path of fra-eng.zip")
+            _data_option(e, "the corpus whose held-out parts are scored (default: the one the "
+                            "model was trained on, as its directory records it)")
             e.add_argument("--max-sentences", type=int, default=1000,
                            help="evaluate at most N sentences of each set")
             e.add_argument("--examples", type=int, default=0, help="print N example translations")
@@ -124,9 +137,13 @@ def _add_translate_and_evaluate(sub, commands):
             e.add_argument("--hyp", metavar="FILE", default=None,
                            help="score this file of translations (one a line) against --ref, "
                                 "no model needed")
+            e.add_argument("--src", metavar="FILE", default=None,
+                           help="your own test set: translate this file (one sentence a line) "
+                                "with --model and score it against --ref, instead of the "
+                                "held-out parts")
             e.add_argument("--ref", metavar="FILE", nargs="+", default=None,
-                           help="the references of --hyp: one file, or several (a line of each "
-                                "is one more reference of that sentence)")
+                           help="the references of --hyp or --src: one file, or several (a line "
+                                "of each is one more reference of that sentence)")
             e.add_argument("--lowercase", action="store_true",
                            help="case-insensitive scores (always so for lower-casing models)")
 

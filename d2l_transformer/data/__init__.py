@@ -1,7 +1,15 @@
-"""Text to batches: the chapter's pipeline (`text`), tokenizers (`tokenize`), batching
-(`batches`), held-out splits by source sentence (`split`)."""
+"""Text to batches: where pairs come from (`sources`), the chapter's pipeline (`text`),
+tokenizers (`tokenize`), batching (`batches`), held-out splits by source sentence (`split`)."""
 
 from .batches import ArrayBatches, BucketBatches, bucket_widths, load_array, load_bucketed, shard
+from .sources import (
+    DATA_ENV,
+    DataError,
+    DataSource,
+    default_data_path,
+    language_name,
+    open_data,
+)
 from .split import (
     SPLIT_SEED,
     Pairs,
@@ -20,13 +28,10 @@ from .split import (
     split_pairs,
 )
 from .text import (
-    DATA_ENV,
     RESERVED_TOKENS,
-    DataError,
     Vocab,
     build_array,
     count_corpus,
-    default_data_path,
     fra_pairs,
     load_data_mt_fra_eng,
     load_data_nmt,
@@ -47,4 +52,5 @@ from .tokenize import (
     WordTokenizer,
     detokenize_words,
     load_tokenizer,
+    words_problem,
 )

@@ -8,10 +8,12 @@ translation. Here every pair whose normalised source is the same lands in the sa
 """
 
 import collections
+import os
 
 import numpy as onp
 
 from .batches import load_array, load_bucketed, shard
+from .sources import open_data
 from .text import (
     RESERVED_TOKENS,
     Vocab,
@@ -207,7 +209,9 @@ def evaluation_sets(cfg, src_vocab, tgt_vocab, data_path=None):
                 for name, part in (("valid", valid), ("test", test))], None
     train = read_pairs(data_path, cfg.num_examples)
     held = heldout_nmt(src_vocab, tgt_vocab, cfg.num_examples, path=data_path)
-    note = (f"held-out: lines {cfg.num_examples + 1}.. of fra.txt: {len(held['unfiltered'][0])} "
+    data = open_data(data_path)
+    shown = os.path.basename(data.member or data.files[0])
+    note = (f"held-out: lines {cfg.num_examples + 1}.. of {shown}: {len(held['unfiltered'][0])} "
           f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
             f"{len(held['in_vocab'][0])} with every token in the vocabularies")
     return [("training pairs", train, None)] + [

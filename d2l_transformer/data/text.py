@@ -1,52 +1,27 @@
 """The English-French dataset exactly as the d2l library the chapter calls prepares it (d2l 9.5).
 
-``fra-eng.zip`` is read from disk, never downloaded: the path given, else the environment
-variable ``D2L_TRANSFORMER_DATA``, else ``data/fra-eng.zip`` in the source tree this package
-sits in."""
+The pairs are read from disk, never downloaded (`sources`): ``fra-eng.zip`` by default (the
+path given, else the environment variable ``D2L_TRANSFORMER_DATA``, else ``data/fra-eng.zip``
+in the source tree this package sits in), or any corpus and direction a `sources.DataSource`
+names, in the layout of ``fra.txt``."""
 
 import collections
 import functools
-import os
 import re
-import zipfile
 
 from mxnet import np
 
 from .batches import ArrayBatches, load_array, shard
+from .sources import open_data
 
 RESERVED_TOKENS = ["<pad>", "<bos>", "<eos>"]
 
 
-DATA_ENV = "D2L_TRANSFORMER_DATA"
-
-
-_MEMBER = "fra-eng/fra.txt"
-
-
-class DataError(ValueError):
-    """The dataset cannot be read; the message is one line naming the path."""
-
-
-def default_data_path():
-    """Where `read_data_nmt` looks when no path is given."""
-    if os.environ.get(DATA_ENV):
-        return os.environ[DATA_ENV]
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # d2l_transformer/
-    return os.path.join(os.path.dirname(package), "data", "fra-eng.zip")
-
-
 def read_data_nmt(path=None):
-    """The raw text of ``fra-eng/fra.txt`` inside the zip: one ``english<TAB>french`` pair a line."""
-    path = path or default_data_path()
-    try:
-        with zipfile.ZipFile(path, "r") as f:
-            return f.read(_MEMBER).decode("utf-8")
-    except FileNotFoundError:
-        raise DataError(f"dataset not found: {path} (set {DATA_ENV} or pass the path)") from None
-    except KeyError:
-        raise DataError(f"dataset {path} has no {_MEMBER} inside") from None
-    except (zipfile.BadZipFile, UnicodeDecodeError, OSError, EOFError) as e:
-        raise DataError(f"dataset {path} is damaged or unreadable: {e}") from None
+    """The raw text of ``fra-eng/fra.txt`` inside the zip: one ``english<TAB>french`` pair a line
+    (d2l). `path`: the zip (default `sources.default_data_path`), or any corpus `sources.open_data`
+    reads, in its direction (a `sources.DataSource`): ``source<TAB>target`` a line."""
+    return open_data(path).text()
 
 
 NO_BREAK_SPACES = ("\u202f", "\xa0")  # what d2l's `preprocess_nmt` makes plain spaces first

@@ -27,6 +27,7 @@ import io
 import os
 import re
 
+from .sources import language_name
 from .text import NO_BREAK_SPACES, RESERVED_TOKENS, Vocab, preprocess_fast, punctuation, space_before
 
 SPM_SRC, SPM_TGT = "spm_src.model", "spm_tgt.model"  # file names inside a model directory
@@ -85,6 +86,21 @@ class WordTokenizer:
         return {}
 
 
+def words_problem(data):
+    """Why the chapter's word tokenizer cannot serve the corpus `data` (a `sources.DataSource`),
+    in one line, or None. It splits on spaces: a language written without them (Japanese,
+    Chinese, Thai) would be one token a sentence. The rule reads the data, not a list of
+    languages: more than half of a side's sentences of 10 characters or more hold no space."""
+    for lang, side in zip((data.source_lang, data.target_lang), data.pairs()):
+        long = [s.strip() for s in side if len(s.strip()) >= 10]
+        bare = sum(" " not in s for s in long)
+        if long and 2 * bare > len(long):
+            return (f"the word tokenizer (the chapter's pipeline) splits on spaces, but {bare} of "
+                    f"{len(long)} {language_name(lang)} ({lang}) sentences of 10 characters or "
+                    "more have none: use a subword preset (--preset full or hour)")
+    return None
+
+
 class SubwordTokenizer:
     """sentencepiece models for the source and target languages (paths or serialized bytes).
 
@@ -122,14 +138,16 @@ class SubwordTokenizer:
         """Train one unigram model per language on these sentences (the training part), with
         at most `vocab_size` pieces each (fewer when the text has fewer); ``joint``: one model
         for both, trained on the source sentences then the target ones, `vocab_size` pieces in
-        all, as the source and the target model (``tie_embeddings="all"``).
+        all, as the source and the target model (``tie_embeddings="all"``). Each language's
+        sentences are `spm_sample`'s (a large corpus: a fixed-seed sample).
 
         One thread: sentencepiece's unigram training is deterministic for a given thread count
         but differs between counts, and the model must be the same on every machine."""
         if joint:
-            proto = _train_unigram(list(source) + list(target), vocab_size)
+            proto = _train_unigram(spm_sample(source) + spm_sample(target), vocab_size)
             return cls(proto, proto)
-        return cls(*(_train_unigram(sentences, vocab_size) for sentences in (source, target)))
+        return cls(*(_train_unigram(spm_sample(sentences), vocab_size)
+                     for sentences in (source, target)))
 
     def encode(self, text):
         return self.src.encode(text, out_type=str)
@@ -158,15 +176,44 @@ class SubwordTokenizer:
         return {SPM_SRC: self._protos[0], SPM_TGT: self._protos[1]}
 
 
+SPM_SAMPLE = 200_000  # sentences sentencepiece trains on, at most (a fixed-seed sample)
+RICH_CHARSET = 1_000  # distinct characters from which a text counts as CJK-like
+
+
+def spm_sample(sentences, size=SPM_SAMPLE):
+    """At most `size` of `sentences`, a fixed-seed random sample in corpus order: sentencepiece
+    needs a few hundred thousand sentences, not a whole large corpus (which would cost minutes
+    and gigabytes). A corpus of `size` sentences or fewer is used whole."""
+    sentences = list(sentences)
+    if len(sentences) <= size:
+        return sentences
+    import numpy as onp
+    keep = onp.sort(onp.random.RandomState(0).choice(len(sentences), size, replace=False))
+    return [sentences[i] for i in keep]
+
+
+def character_coverage(sentences):
+    """sentencepiece's ``character_coverage``: 1.0 (every character a piece) for a text of a
+    few hundred characters (fra.txt: 91 English, 113 French), 0.9995 for a text with a rich
+    character set (over `RICH_CHARSET`: Chinese, Japanese), sentencepiece's advice; the rare
+    characters left out are spelled as UTF-8 bytes (``byte_fallback``), never ``<unk>``."""
+    chars = set()
+    for sentence in sentences:
+        chars.update(sentence)
+    return 1.0 if len(chars) <= RICH_CHARSET else 0.9995
+
+
 def _train_unigram(sentences, vocab_size):
     """The serialized unigram sentencepiece model of these sentences (`SubwordTokenizer.train`),
-    the chapter's special ids first; a failed training is a one-line TokenizerError."""
+    the chapter's special ids first, with their `character_coverage`; a failed training is a
+    one-line TokenizerError."""
     import sentencepiece as spm
     buffer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
-            model_type="unigram", character_coverage=1.0, byte_fallback=True,
+            model_type="unigram", character_coverage=character_coverage(sentences),
+            byte_fallback=True,
             unk_id=0, pad_id=1, bos_id=2, eos_id=3, unk_piece="<unk>", pad_piece="<pad>",
             bos_piece="<bos>", eos_piece="<eos>", num_threads=1, minloglevel=2,
             hard_vocab_limit=False)  # a small corpus gets fewer pieces, not an error

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from starlette.exceptions import HTTPException
 
 from .._version import __version__
+from ..data import language_name
 from ..inference import limits as _limits
 from ..inference.translator import BEAM_SIZE
 from ..viz.attention_html import explorer_page
@@ -34,12 +35,6 @@ from .middleware import LOOPBACK_HOSTS, MAX_BODY, BodyLimit, HostCheck, error_re
 MAX_SENTENCES = 256  # per request
 MAX_BEAM = 16
 MAX_ALTERNATIVES = MAX_BEAM - 1  # LibreTranslate's `alternatives`: the beam's next best
-# LibreTranslate's /languages: the one pair the model translates
-LANGUAGES = [{"code": "en", "name": "English", "targets": ["fr"]},
-             {"code": "fr", "name": "French", "targets": []}]
-# /detect and `source: "auto"`: the server translates English only and has no language
-# classifier, so it answers as LibreTranslate does when it cannot tell: English, confidence 0
-DETECTED = {"confidence": 0.0, "language": "en"}
 JSON_TYPES = ("application/json",)
 FORM_TYPE = "application/x-www-form-urlencoded"
 LIBRE_FIELDS = ("q", "source", "target")  # a JSON object with one of these (and no text)
@@ -131,6 +126,21 @@ def read_body(content_type, body, form=True):
         raise ApiError(400, "the body is not JSON (nested too deeply)") from None
 
 
+def languages(pair):
+    """LibreTranslate's ``/languages`` for a model of the languages `pair` (source, target):
+    the one pair it translates, each language with its name."""
+    source, target = pair
+    return [{"code": source, "name": language_name(source), "targets": [target]},
+            {"code": target, "name": language_name(target), "targets": []}]
+
+
+def detected(pair):
+    """``/detect`` and ``source: "auto"``: the server translates from one language and has no
+    language classifier, so it answers as LibreTranslate does when it cannot tell: the model's
+    source language, confidence 0."""
+    return {"confidence": 0.0, "language": pair[0]}
+
+
 def _code(value):
     """A language code to name in an error, or a stand-in when it is not one."""
     return value if re.fullmatch(r"[A-Za-z_-]{1,12}", value) else "that language"
@@ -142,8 +152,9 @@ def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
     set, every translation and detection request must carry it (403 otherwise). The limits are
     the package's (`inference.limits`, `serve.engine.check_attention`) and this module's
     `MAX_SENTENCES`, `MAX_BEAM` and `middleware.MAX_BODY`."""
+    source, target = (language_name(code) for code in engine.pair)
     app = FastAPI(title="d2l_transformer", version=__version__,
-                  description="English to French with the Transformer of d2l 9.3, and its "
+                  description=f"{source} to {target} with the Transformer of d2l 9.3, and its "
                               "attention weights. The page at / explores them. LibreTranslate's "
                               "API is served at its own paths.")
     app.add_middleware(BodyLimit, max_body=MAX_BODY)
@@ -151,7 +162,7 @@ def create_app(engine, *, allowed_hosts=LOOPBACK_HOSTS, api_key=None):
     _add_error_handlers(app)
     _add_explorer(app)
     _add_our_api(app, engine, api_key)
-    _add_libretranslate(app, api_key)
+    _add_libretranslate(app, engine, api_key)
     return app
 
 
@@ -277,8 +288,9 @@ def _add_our_api(app, engine, api_key):
 
 
 # ----------------------------------------------------------------------------- LibreTranslate's API
-def _libre_fields(api_key, data):
-    """LibreTranslate's request fields, checked as LibreTranslate checks them (400)."""
+def _libre_fields(api_key, data, pair):
+    """LibreTranslate's request fields, checked as LibreTranslate checks them (400); `pair`:
+    the model's (source, target) languages, the only ones it takes."""
     if not isinstance(data, dict):
         raise ApiError(400, "Invalid JSON format")
     _check_key(api_key, data.get("api_key"))
@@ -288,14 +300,14 @@ def _libre_fields(api_key, data):
     if not (isinstance(q, str) or (isinstance(q, list)
                                    and all(isinstance(t, str) for t in q))):
         raise ApiError(400, "Invalid request: q must be a string or a list of strings")
-    for name, value, ok in (("source", data.get("source"), ("en", "auto")),
-                            ("target", data.get("target"), ("fr",))):
+    for name, value, ok in (("source", data.get("source"), (pair[0], "auto")),
+                            ("target", data.get("target"), (pair[1],))):
         if not value:
             raise ApiError(400, f"Invalid request: missing {name} parameter")
         if not isinstance(value, str) or value.lower() not in ok:
             shown = _code(value) if isinstance(value, str) else "that language"
             raise ApiError(400, f"{shown} is not supported as {name}: this server "
-                                "translates en to fr")
+                                f"translates {pair[0]} to {pair[1]}")
     text_format = data.get("format") or "text"
     if text_format == "html":
         raise ApiError(400, "html format is not supported by this server: send plain text "
@@ -354,7 +366,7 @@ def _libre_texts(lines, items, alternatives):
 async def _translate_libre(engine, api_key, data):
     """LibreTranslate's ``/translate``: each line of each text is one sentence; blank
     lines stay blank."""
-    q, auto, alternatives = _libre_fields(api_key, data)
+    q, auto, alternatives = _libre_fields(api_key, data, engine.pair)
     texts = [q] if isinstance(q, str) else q
     lines = [text.splitlines() or [""] for text in texts]
     sources, tokens = _libre_sentences(engine, q, lines)
@@ -365,28 +377,30 @@ async def _translate_libre(engine, api_key, data):
     batch = isinstance(q, list)
     result = {"translatedText": translated if batch else translated[0]}
     if auto:
-        result["detectedLanguage"] = [DETECTED] * len(texts) if batch else DETECTED
+        found = detected(engine.pair)
+        result["detectedLanguage"] = [found] * len(texts) if batch else found
     if alternatives:
         result["alternatives"] = others if batch else others[0]
     return JSONResponse(result)
 
 
-def _add_libretranslate(app, api_key):
+def _add_libretranslate(app, engine, api_key):
     """LibreTranslate's ``GET /languages`` and ``POST /detect`` (its ``/translate`` is ours,
     told apart by its body)."""
     @app.get("/languages")
-    async def languages():
-        """LibreTranslate's ``/languages``: English, translated to French."""
-        return LANGUAGES
+    async def list_languages():
+        """LibreTranslate's ``/languages``: the model's source language, translated to its
+        target language."""
+        return languages(engine.pair)
 
     @app.post("/detect", responses={400: {"model": ErrorResponse}, 403: {"model": ErrorResponse}})
     async def detect(request: Request):
-        """LibreTranslate's ``/detect``: always English with confidence 0 (the server has no
-        language classifier, and translates English only)."""
+        """LibreTranslate's ``/detect``: always the model's source language, with confidence 0
+        (the server has no language classifier, and translates from that language only)."""
         _, data = read_body(request.headers.get("content-type"), await request.body())
         if not isinstance(data, dict):
             raise ApiError(400, "Invalid JSON format")
         _check_key(api_key, data.get("api_key"))
         if not data.get("q"):
             raise ApiError(400, "Invalid request: missing q parameter")
-        return [DETECTED]
+        return [detected(engine.pair)]

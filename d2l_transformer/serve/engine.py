@@ -68,8 +68,8 @@ class Engine:
     (0: `inference.engines.default_engine_threads`).
 
     After construction (which waits until the model is loaded, or re-raises why it could not
-    be) `tokenizer`, `src_vocab`, `max_positions` and `info` are read-only and may be used from
-    any thread; the model itself is only touched by the worker.
+    be) `tokenizer`, `src_vocab`, `max_positions`, `pair` (the model's languages) and `info`
+    are read-only and may be used from any thread; the model itself is only touched by the worker.
     """
 
     def __init__(self, model_dir, ctx="auto", *, engine=DEFAULT_ENGINE, max_batch=64,
@@ -167,7 +167,9 @@ class Engine:
                      "epochs": summary.get("epochs_done"), "layers": cfg.num_layers,
                      "heads": cfg.num_heads, "embedding_size": cfg.embedding_size,
                      "src_vocab": len(self.src_vocab), "tgt_vocab": len(self.tgt_vocab),
-                     "max_positions": self.max_positions, "ctx": str(ctx)}
+                     "max_positions": self.max_positions, "ctx": str(ctx),
+                     "source_lang": cfg.pair[0], "target_lang": cfg.pair[1]}
+        self.pair = cfg.pair  # (source_lang, target_lang): what /languages lists
 
     def _run(self, ctx_spec):
         try:

@@ -15,7 +15,9 @@ from ..data import (
     load_data_mt_fra_eng,
     load_data_nmt,
     load_data_split,
+    open_data,
     split_corpus,
+    words_problem,
 )
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..io import lock
@@ -23,7 +25,7 @@ from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
 from .progress import ProgressBar
-from .translations import book_translations, edition_translations
+from .translations import book_translations, corpus_translations, edition_translations
 from .validation import (
     EarlyStopping,
     LastParameters,
@@ -76,8 +78,14 @@ def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=Fa
     pairs (`load_data_nmt`, as `cfg.edition`'s d2l prepares them; d2l 1.0's
     `load_data_mt_fra_eng`, whose ``valid_iter`` holds its validation pairs, else None), or
     the preset's own split, tokenizer and buckets (`load_data_split`) when it has them.
-    ``tokenizer``: the one a resumed run was trained with (else `cfg`'s, a subword one trained
-    on the training part)."""
+    ``data_path``: a path, two aligned files or a `data.DataSource` (`data.open_data`, in
+    `cfg`'s direction). ``tokenizer``: the one a resumed run was trained with (else `cfg`'s, a
+    subword one trained on the training part)."""
+    data_path = open_data(data_path, cfg.source_lang, cfg.target_lang)
+    if cfg.tokenizer == "word":  # the chapter's words are what lies between spaces
+        problem = words_problem(data_path)
+        if problem:
+            raise RunError(problem)
     if cfg.edition == "1.0":
         if num_workers > 1:
             raise RunError("edition 1.0 trains in one process (its validation is d2l's)")
@@ -198,9 +206,13 @@ class _Run:
         """The data (`load_data`), a warmup longer than the run warned of, ``valid_every``
         settled and checked."""
         cfg = self.cfg
+        self.data = checkpoint.trained_data(self.out_dir, self.data_path) if self.resume else \
+            open_data(self.data_path, cfg.source_lang, cfg.target_lang)
+        self.cfg = cfg = cfg.replace(source_lang=self.data.source_lang,
+                                     target_lang=self.data.target_lang)
         tokenizer = checkpoint.load_tokenizer(self.out_dir, cfg) if self.resume else None
         self.src_vocab, self.tgt_vocab, self.train_iter, self.tokenizer, self.edition_valid = \
-            load_data(cfg, self.batch_size, self.data_path, rank=self.rank,
+            load_data(cfg, self.batch_size, self.data, rank=self.rank,
                       num_workers=self.num_workers, fast=self.fast, tokenizer=tokenizer)
         updates = len(self.train_iter) * cfg.num_epochs
         if cfg.warmup_steps > updates:
@@ -233,6 +245,7 @@ class _Run:
                 self.model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
             self.trainer = config_trainer(self.model, cfg, self.kvstore)
             self.summary = {"seed": self.seed, "preset": self.preset,
+                            "data": self.data.describe(self.data.pairs()),
                             "exact_chapter": cfg.exact_chapter, "epoch_history": [],
                             "train_seconds": 0.0, "epochs_done": 0}
             self.start_epoch = 1
@@ -260,7 +273,7 @@ class _Run:
         summary["fast"] = self.fast
         self.validator = Validator(
             self.model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
-                                     self.data_path, cfg.split_by).valid,
+                                     self.data, cfg.split_by).valid,
             self.tokenizer, self.src_vocab, self.tgt_vocab, cfg,
             self.ctxs[0]) if self.valid_every else None
         self.stopping = EarlyStopping.from_state(self.patience, summary.get("best"))
@@ -349,7 +362,11 @@ class _Run:
             summary["val_loss"] = summary["epoch_history"][-1][2]
         if self.num_workers > 1:
             summary.update(num_workers=self.num_workers, kvstore=self.kvstore.type)
-        if self.rank == 0 and cfg.edition == "0.11":
+        if self.rank == 0 and cfg.pair != ("en", "fr"):  # the book's sentences are English
+            summary["translations"] = corpus_translations(self.model, self.src_vocab,
+                                                          self.tgt_vocab, cfg, ctx, self.tokenizer,
+                                                          self.data.pairs()[0])
+        elif self.rank == 0 and cfg.edition == "0.11":
             summary["translations"] = book_translations(self.model, self.src_vocab,
                                                         self.tgt_vocab, cfg, ctx, self.tokenizer)
         elif self.rank == 0:

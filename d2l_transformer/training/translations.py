@@ -1,6 +1,7 @@
 """The chapter's four sentences translated at the end of a training run, as each edition's
 prediction cells do (`book_translations`: d2l 0.11's; `edition_translations`: 0.17's and 1.0's,
-with their BLEU)."""
+with their BLEU); a model of another pair translates four sentences of its own data
+(`corpus_translations`)."""
 
 from ..data import detokenize_words
 from ..evaluate import bleu
@@ -42,3 +43,13 @@ def edition_translations(model, src_vocab, tgt_vocab, cfg, ctx):
         outs = predict_step(model, sources, src_vocab, tgt_vocab, cfg.num_steps, ctx)
     translations = {s: " ".join(out) for s, out in zip(references, outs)}
     return translations, {s: bleu(translations[s], ref, 2) for s, ref in references.items()}
+
+
+def corpus_translations(model, src_vocab, tgt_vocab, cfg, ctx, tokenizer, sources, count=4):
+    """The first `count` distinct sentences of `sources` (text, the data's source side)
+    translated greedily through `tokenizer` (`MXNetEngine`: the chapter's loop for an exact or
+    seq2seq model): ``{sentence: translation}``, for a model whose pair is not the book's."""
+    chosen = list(dict.fromkeys(sources))[:count]
+    engine = MXNetEngine(model, src_vocab, tgt_vocab, cfg, tokenizer, ctx)
+    hyps = engine.translate([tokenizer.encode(s) for s in chosen])
+    return {s: tokenizer.decode(h.tokens) for s, h in zip(chosen, hyps)}

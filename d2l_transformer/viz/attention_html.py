@@ -13,6 +13,8 @@ import html
 import json
 import os
 
+from ..data.sources import language_name
+
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static", "explorer.html")
 _SLOT = '<script id="data" type="application/json">null</script>'
 KINDS = ("encoder", "decoder", "cross")
@@ -47,18 +49,25 @@ def _check(items):
             raise ValueError(f"item {i}: its attention has no {', '.join(absent)}")
 
 
-def render_explorer(items, title="Attention explorer"):
-    """The explorer page with `items` inlined: one self-contained HTML string."""
+def page_languages(pair):
+    """The page's labels for a model of the languages `pair` (source, target): ``[{"code",
+    "name"}, ...]``, the shape of the first two entries of the server's ``/languages``."""
+    return [{"code": code, "name": language_name(code)} for code in pair]
+
+
+def render_explorer(items, title="Attention explorer", pair=("en", "fr")):
+    """The explorer page with `items` inlined: one self-contained HTML string; `pair`: the
+    model's (source, target) languages, which the page names."""
     _check(items)
     page = explorer_page()
     assert page.count(_SLOT) == 1, "explorer.html lost its data slot"
-    data = _SLOT.replace(">null<", ">" + script_json({"title": title, "items": items}) + "<")
-    return page.replace(_SLOT, data)
+    inline = {"title": title, "items": items, "languages": page_languages(pair)}
+    return page.replace(_SLOT, _SLOT.replace(">null<", ">" + script_json(inline) + "<"))
 
 
-def write_explorer(path, items, title="Attention explorer"):
-    """Write `render_explorer(items)` to `path` (UTF-8); returns `path`."""
-    text = render_explorer(items, title)
+def write_explorer(path, items, title="Attention explorer", pair=("en", "fr")):
+    """Write `render_explorer(items, title, pair)` to `path` (UTF-8); returns `path`."""
+    text = render_explorer(items, title, pair)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -78,8 +87,8 @@ def explorer_items(translator, tokenizer, sentences, beam_size=1, alpha=None):
             for s, t, h in zip(sentences, tokens, hyps)]
 
 
-def iframe_html(items, height=660, title="Attention explorer"):
+def iframe_html(items, height=660, title="Attention explorer", pair=("en", "fr")):
     """The standalone explorer in an ``<iframe srcdoc>``, for ``IPython.display.HTML``."""
-    doc = html.escape(render_explorer(items, title), quote=True)
+    doc = html.escape(render_explorer(items, title, pair), quote=True)
     return (f'<iframe srcdoc="{doc}" title="{html.escape(title)}" style="width: 100%; '
             f'height: {int(height)}px; border: 1px solid #d8dee6; border-radius: 8px"></iframe>')

@@ -33,6 +33,7 @@ import textwrap
 
 import numpy as onp
 
+from ...data.sources import language_name
 from ...io import atomic
 from ...io.manifest import MANIFEST
 from ...variants import FixNormEmbedding
@@ -204,7 +205,8 @@ def _manifest(source, quantization, ct2_version, tokenizer_files):
                   "fixnorm": cfg.fixnorm, "source_vocab_size": len(src_vocab),
                   "target_vocab_size": len(tgt_vocab),
                   "max_positions": source.model.decoder.pos_encoding.P.shape[1],
-                  "tokenizer": cfg.tokenizer, "preset": source.summary.get("preset")},
+                  "tokenizer": cfg.tokenizer, "preset": source.summary.get("preset"),
+                  "source_lang": cfg.pair[0], "target_lang": cfg.pair[1]},
         "config": json.loads(cfg.to_json()),
         "special_tokens": {t: src_vocab[t] for t in SPECIAL_TOKENS},
         "target_special_tokens": {t: tgt_vocab[t] for t in SPECIAL_TOKENS},
@@ -222,7 +224,7 @@ def _manifest(source, quantization, ct2_version, tokenizer_files):
     }
 
 
-_INTRO = ("English -> French, exported by `d2l-transformer export --format ctranslate2` "
+_INTRO = ("{pair}, exported by `d2l-transformer export --format ctranslate2` "
           "(d2l_transformer {version}, CTranslate2 {ct2}, weights {quantization}). {layers} "
           "encoder + {dec_layers} decoder layers, hidden size {hidden}, {heads} heads, {src} "
           "source and {tgt} target {unit}. Source tokens: {source}.")
@@ -255,11 +257,19 @@ print([{decode} for r in results])"""
 _TEXTS = {"subword": ["Hello!", "How are you?"], "word": ["Go.", "I won!", "Who are you?"]}
 
 
-def _word_snippet(rule, directory):
+def _texts(kind, model):
+    """The snippet's example sentences: the book's English ones, or a placeholder in the
+    model's source language."""
+    source = model.get("source_lang", "en")
+    return json.dumps(_TEXTS[kind] if source == "en" else [f"a sentence in {language_name(source)}"],
+                      ensure_ascii=False)
+
+
+def _word_snippet(rule, directory, texts):
     """The word tokenizer's `rule` (`WordTokenizer.rule`) as the snippet's ``words``."""
     end = rule["source_end"]
     return _WORD.format(
-        directory=directory, edition=rule["edition"], texts=json.dumps(_TEXTS["word"]),
+        directory=directory, edition=rule["edition"], texts=texts,
         plain="".join(f'.replace({json.dumps(c)}, " ")' for c in rule["no_break_spaces"]),
         space_before=rule["space_before"], end=f" + {json.dumps(end)}" if end else "",
         end_comment=f", then {' '.join(end)}" if end else "")
@@ -269,11 +279,12 @@ def snippet(manifest, directory="."):
     """The Python that translates with the export (its README's), generated from the manifest:
     the tokenizer's rule (``tokens``) and the package's decoding options."""
     decoding, tokens = manifest["decoding"], manifest["tokens"]
+    texts = _texts(tokens["kind"], manifest["model"])
     if tokens["kind"] == "subword":
-        head = _SUBWORD.format(directory=directory, texts=json.dumps(_TEXTS["subword"]))
+        head = _SUBWORD.format(directory=directory, texts=texts)
         decode = "tgt.decode(r.hypotheses[0])"
     else:
-        head, decode = _word_snippet(tokens["words"], directory), '" ".join(r.hypotheses[0])'
+        head, decode = _word_snippet(tokens["words"], directory, texts), '" ".join(r.hypotheses[0])'
     options = ", ".join(f"{k}={v!r}" for k, v in decoding["translate_batch"].items())
     return head + "\n" + _TRANSLATE.format(
         options=options, decode=decode,
@@ -283,8 +294,10 @@ def snippet(manifest, directory="."):
 def readme(manifest, directory="."):
     """The README.md of an export: what it is and the Python that translates with it."""
     m, subword = manifest["model"], manifest["tokens"]["kind"] == "subword"
+    pair = " -> ".join(language_name(m.get(k, d)) for k, d in (("source_lang", "en"),
+                                                                  ("target_lang", "fr")))
     intro = _INTRO.format(
-        version=manifest["d2l_transformer_version"], ct2=manifest["ctranslate2_version"],
+        pair=pair, version=manifest["d2l_transformer_version"], ct2=manifest["ctranslate2_version"],
         quantization=manifest["quantization"], layers=m["encoder_layers"],
         dec_layers=m["decoder_layers"], hidden=m["hidden_size"], heads=m["num_heads"],
         src=m["source_vocab_size"], tgt=m["target_vocab_size"],

@@ -1,0 +1,329 @@
+"""Where sentence pairs come from: any Tatoeba pair, a user's own parallel files, either way round.
+
+Three formats, one result (the same pairs in the same order, docs/data.md "Your own data"):
+
+* a Tatoeba "anki" zip (manythings.org: ``deu-eng.zip`` holding ``deu.txt``; d2l's
+  ``fra-eng.zip`` holds ``fra-eng/fra.txt``): ``english<TAB>other`` a line and, in today's
+  files, a third column, the CC-BY attribution, which is dropped;
+* a TSV file, ``first<TAB>second`` a line (a third column only if it is Tatoeba's attribution);
+* two aligned plain-text files, one sentence a line (Moses, WMT, OPUS: ``train.de``,
+  ``train.en``).
+
+A `DataSource` is a corpus on disk (its files, the language of each column) and a direction
+(which column is the source). The languages come from the file names (a Tatoeba member or zip,
+``*.de-en.tsv``, the extensions of aligned files), normalised to ISO 639-1 where there is a
+code (``deu`` -> ``de``, by ``pycountry``), or from ``--source-lang`` / ``--target-lang``.
+
+Reading is strict: a line without a tab or with too many columns, two files of different line
+counts, a tab inside a sentence of an aligned file, invalid UTF-8 and a zip without a text
+member are a one-line `DataError` naming the file and the line; a UTF-8 byte-order mark and
+CRLF line ends are read as what they are (no data). Pairs with an empty side are skipped, and
+their count is logged in one line with the first one's place.
+"""
+
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import zipfile
+from typing import Optional, Tuple
+
+log = logging.getLogger(__name__)
+
+DATA_ENV = "D2L_TRANSFORMER_DATA"
+TEXT_SUFFIXES = (".txt", ".tsv")
+ATTRIBUTION = "CC-BY"  # how the third column of Tatoeba's exports begins
+_CODE = re.compile(r"[a-z]{2,3}([-_][a-z0-9]{2,8})*")
+
+
+class DataError(ValueError):
+    """The dataset cannot be read; the message is one line naming the path (and the line)."""
+
+
+def default_data_path():
+    """Where a run reads when no data is given: ``D2L_TRANSFORMER_DATA``, else
+    ``data/fra-eng.zip`` of the source tree this package sits in."""
+    if os.environ.get(DATA_ENV):
+        return os.environ[DATA_ENV]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # d2l_transformer/
+    return os.path.join(os.path.dirname(package), "data", "fra-eng.zip")
+
+
+# ---------------------------------------------------------------------------------- languages
+def _language(base):
+    """``pycountry``'s entry for an ISO 639-1 or 639-3 code, or None."""
+    import pycountry
+    return pycountry.languages.get(**{"alpha_2" if len(base) == 2 else "alpha_3": base})
+
+
+def language_code(code):
+    """`code` as the package writes it: lower case, ISO 639-1 where the language has such a code
+    (``deu`` and ``de`` -> ``de``), else as given (``cmn``); None when it is not a language code."""
+    code = str(code).strip().lower().replace("_", "-")
+    if not _CODE.fullmatch(code):
+        return None
+    base, _, region = code.partition("-")
+    found = _language(base)
+    return getattr(found, "alpha_2", base) + (f"-{region}" if region else "")
+
+
+def known_language(code):
+    """The normalised code when ``pycountry`` knows the language (so a file name's part is taken
+    for a language only when it is one), else None."""
+    normal = language_code(code)
+    return normal if normal and _language(normal.split("-")[0]) is not None else None
+
+
+def language_name(code):
+    """The English name of a language code (``de`` -> ``German``), else the code itself."""
+    return getattr(_language(code.split("-")[0]), "name", code)
+
+
+# file extensions of MT pipelines that are also ISO 639-3 codes (txt is Citak, src Sardinian)
+_NOT_LANGUAGES = {"txt", "tsv", "csv", "tok", "raw", "src", "tgt", "ref", "hyp", "out", "bpe"}
+
+
+def _named(part):
+    """The language a part of a file name names (``deu``, ``de``), or None: a plain code of 2
+    or 3 letters that ``pycountry`` knows and that is not a file extension of `_NOT_LANGUAGES`."""
+    part = part.lower()
+    if part in _NOT_LANGUAGES or not re.fullmatch(r"[a-z]{2,3}", part):
+        return None
+    return known_language(part)
+
+
+def _names_languages(files, member):
+    """The language of each column as the file names tell it, or ``(None, None)``."""
+    if len(files) == 2:  # aligned files: their extensions
+        langs = tuple(_named(os.path.splitext(f)[1][1:]) for f in files)
+        return langs if None not in langs else (None, None)
+    stem = os.path.splitext(os.path.basename(member or files[0]))[0]
+    if member is not None or _named(stem):  # a Tatoeba export: English first
+        other = _named(stem)
+        if other is None:  # the zip's name, deu-eng.zip
+            m = re.fullmatch(r"([a-z]{3})-eng", os.path.splitext(os.path.basename(files[0]))[0])
+            other = _named(m.group(1)) if m else None
+        return ("en", other) if other and other != "en" else (None, None)
+    m = re.fullmatch(r"([a-z]{2,3})-([a-z]{2,3})", stem.rsplit(".", 1)[-1].lower())
+    if m and _named(m.group(1)) and _named(m.group(2)):
+        return _named(m.group(1)), _named(m.group(2))  # train.de-en.tsv
+    return None, None
+
+
+def choose_direction(columns, source_lang=None, target_lang=None, shown="the data"):
+    """``(source_lang, target_lang)`` for a corpus whose columns hold the languages `columns`
+    (None where unknown): the flags where given, checked against the columns, else the first
+    column's language to the second's. DataError (one line) when they do not fit."""
+    source_lang = source_lang and _checked_code(source_lang, "--source-lang")
+    target_lang = target_lang and _checked_code(target_lang, "--target-lang")
+    if None in columns:
+        if not (source_lang and target_lang):
+            raise DataError(f"cannot tell the languages of {shown} from its name: give "
+                            "--source-lang and --target-lang (the first column is the source)")
+        if source_lang == target_lang:
+            raise DataError(f"--source-lang and --target-lang are both {source_lang}")
+        return source_lang, target_lang
+    first, second = columns
+    for flag, value in (("--source-lang", source_lang), ("--target-lang", target_lang)):
+        if value and value not in columns:
+            raise DataError(f"{shown} holds {first} and {second}, not {value} ({flag})")
+    if source_lang and target_lang and source_lang == target_lang:
+        raise DataError(f"--source-lang and --target-lang are both {source_lang}")
+    if source_lang:
+        return source_lang, second if source_lang == first else first
+    if target_lang:
+        return (second if target_lang == first else first), target_lang
+    return first, second
+
+
+def _checked_code(value, flag):
+    code = language_code(value)
+    if code is None:
+        raise DataError(f"{flag} {value!r} is not a language code (e.g. en, de, fra)")
+    return code
+
+
+# ---------------------------------------------------------------------------------- reading
+def _zip_member(path):
+    """The text member of a zip: the one ``.txt``/``.tsv`` file whose name does not start with
+    ``_`` (Tatoeba's ``_about.txt``); DataError when there is none or several."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if not n.endswith("/")]
+    except FileNotFoundError:
+        raise DataError(f"dataset not found: {path} (set {DATA_ENV} or pass the path)") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise DataError(f"dataset {path} is damaged or unreadable: {e}") from None
+    texts = [n for n in names if n.lower().endswith(TEXT_SUFFIXES)
+             and not os.path.basename(n).startswith("_")]
+    if len(texts) == 1:
+        return texts[0]
+    if not texts:
+        raise DataError(f"{path} holds no text member (.txt or .tsv): {', '.join(names[:5]) or 'nothing'}")
+    raise DataError(f"{path} holds several text members ({', '.join(texts[:5])}): unzip the one "
+                    "to train on and pass it")
+
+
+def _read_bytes(path, member=None):
+    try:
+        if member is None:
+            with open(path, "rb") as f:
+                return f.read()
+        with zipfile.ZipFile(path) as z:
+            return z.read(member)
+    except FileNotFoundError:
+        raise DataError(f"dataset not found: {path} (set {DATA_ENV} or pass the path)") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a directory, not a data file") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise DataError(f"dataset {path} is damaged or unreadable: {e}") from None
+
+
+def read_lines(path, member=None):
+    """The lines of a UTF-8 text file (or of a zip's `member`), as a list of str: a leading
+    byte-order mark and the ``\\r`` of CRLF line ends removed, the final newline and trailing
+    empty lines not counted as lines. Invalid UTF-8 is a DataError naming the line."""
+    data = _read_bytes(path, member)
+    shown = f"{path}:{member}" if member else path
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{shown} line {line}: not UTF-8 ({e.reason})") from None
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    lines = text.split("\n")
+    while lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _columns_of(lines, shown):
+    """Each line's two columns (a third, Tatoeba's attribution, dropped); DataError naming the
+    first line with another shape."""
+    first, second = [], []
+    for i, line in enumerate(lines):
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[2].startswith(ATTRIBUTION):
+            parts.pop()
+        if len(parts) != 2:
+            what = "has no tab" if len(parts) == 1 else \
+                f"has {len(parts)} columns, not 2 (source<TAB>target)"
+            raise DataError(f"{shown} line {i + 1} {what}")
+        first.append(parts[0])
+        second.append(parts[1])
+    return first, second
+
+
+def _aligned(files):
+    """The lines of two aligned files; DataError when their counts differ or a line holds a
+    tab (a sentence of one language a line)."""
+    sides = [read_lines(f) for f in files]
+    if len(sides[0]) != len(sides[1]):
+        raise DataError(f"{files[0]} has {len(sides[0])} lines but {files[1]} has "
+                        f"{len(sides[1])}: aligned files pair line i with line i")
+    for path, lines in zip(files, sides):
+        bad = next((i for i, line in enumerate(lines) if "\t" in line), None)
+        if bad is not None:
+            raise DataError(f"{path} line {bad + 1} holds a tab: an aligned file has one "
+                            "sentence a line (a TSV file is passed alone)")
+    return sides
+
+
+def _without_empty(first, second, shown):
+    """The pairs whose two sides hold text; the skipped ones counted in one logged line."""
+    empty = [i for i, (a, b) in enumerate(zip(first, second)) if not a.strip() or not b.strip()]
+    if not empty:
+        return first, second
+    log.warning("%s: skipped %d pair%s with an empty side (the first at line %d)", shown,
+                len(empty), "s" * (len(empty) > 1), empty[0] + 1)
+    drop = set(empty)
+    keep = [i for i in range(len(first)) if i not in drop]
+    return [first[i] for i in keep], [second[i] for i in keep]
+
+
+# ---------------------------------------------------------------------------------- a source
+@dataclasses.dataclass(frozen=True)
+class DataSource:
+    """A parallel corpus and a direction: `files` (one zip or TSV, or two aligned files,
+    absolute), the zip's text `member`, the language of each of its two `columns`, and the
+    `source_lang` and `target_lang` (two of `columns`). `pairs` reads it."""
+
+    files: Tuple[str, ...]
+    columns: Tuple[str, str]
+    source_lang: str
+    target_lang: str
+    member: Optional[str] = None
+
+    @property
+    def reversed(self):
+        """Whether the source is the second column (French to English on fra-eng.zip)."""
+        return self.source_lang == self.columns[1]
+
+    @property
+    def shown(self):
+        return " and ".join(self.files)
+
+    def columns_text(self):
+        """The two columns as lists of str, in file order, pairs with an empty side skipped."""
+        if len(self.files) == 2:
+            first, second = _aligned(self.files)
+        else:
+            shown = f"{self.files[0]}:{self.member}" if self.member else self.files[0]
+            first, second = _columns_of(read_lines(self.files[0], self.member), shown)
+        return _without_empty(first, second, self.shown)
+
+    def pairs(self):
+        """``(sources, targets)``: the corpus in this direction, lists of str as written."""
+        first, second = self.columns_text()
+        return (second, first) if self.reversed else (first, second)
+
+    def text(self):
+        """The pairs in the chapter's layout, ``source<TAB>target`` a line, each line ended by a
+        newline: what d2l's ``read_data_nmt`` returns for ``fra.txt`` (for fra-eng.zip from
+        English to French, its text itself)."""
+        sources, targets = self.pairs()
+        return "".join(f"{s}\t{t}\n" for s, t in zip(sources, targets))
+
+    def describe(self, pairs=None):
+        """What a model directory records of its data (summary.json's ``data``)."""
+        record = {"files": list(self.files), "member": self.member, "columns": list(self.columns),
+                  "source_lang": self.source_lang, "target_lang": self.target_lang}
+        if pairs is not None:
+            record["pairs"] = len(pairs[0])
+            record["sha256"] = fingerprint(pairs)
+        return record
+
+
+def fingerprint(pairs):
+    """The SHA-256 of pairs ``(sources, targets)``: tells whether two readings are one corpus."""
+    h = hashlib.sha256()
+    for s, t in zip(*pairs):
+        h.update(f"{s}\t{t}\n".encode("utf-8"))
+    return h.hexdigest()
+
+
+def open_data(data=None, source_lang=None, target_lang=None, columns=None):
+    """The `DataSource` of `data`: None (`default_data_path`), a path (a zip, a TSV file), two
+    paths (aligned files), or a DataSource (returned as it is). `source_lang`/`target_lang`
+    choose the direction (`choose_direction`); `columns`: the languages of the columns as a
+    model directory recorded them (a file name that tells none). DataError, one line."""
+    if isinstance(data, DataSource):
+        return data
+    paths = [default_data_path()] if data is None else \
+        [data] if isinstance(data, (str, os.PathLike)) else list(data)
+    if not 1 <= len(paths) <= 2:
+        raise DataError(f"--data takes one file (a zip or TSV) or two aligned files, not {len(paths)}")
+    files = tuple(os.path.abspath(os.fspath(p)) for p in paths)
+    for f in files:
+        if not os.path.exists(f):
+            raise DataError(f"dataset not found: {f}")
+    is_zip = files[0].lower().endswith(".zip") or zipfile.is_zipfile(files[0])
+    member = _zip_member(files[0]) if len(files) == 1 and is_zip else None
+    langs = tuple(columns) if columns else _names_languages(files, member)
+    shown = " and ".join(os.path.basename(f) for f in files)
+    src, tgt = choose_direction(langs, source_lang, target_lang, shown)
+    return DataSource(files, langs if None not in langs else (src, tgt), src, tgt, member)
