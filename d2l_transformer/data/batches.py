@@ -1,5 +1,8 @@
 """Batches: d2l's DataLoader, the same batches cut faster (`ArrayBatches`), batches of similar
-lengths padded to a few fixed shapes (`BucketBatches`), and one worker's shard."""
+lengths padded to a few fixed shapes (`BucketBatches`) over sentences kept compactly
+(`Ragged`), and one worker's shard."""
+
+import itertools
 
 import numpy as onp
 from mxnet import gluon, np
@@ -62,10 +65,52 @@ def bucket_widths(src_lengths, tgt_lengths, num_buckets):
     return sorted(set((int(s), int(t)) for s, t in keys))
 
 
+class Ragged:
+    """Sequences of ids as one flat int32 array and their offsets: what a list of id lists
+    holds, at 4 bytes an id (a Python int in a list costs 36), so that a corpus of millions of
+    sentences fits in memory. ``ragged[i]`` is sequence i (a view), ``lengths`` their lengths."""
+
+    def __init__(self, flat, lengths):
+        self.flat = onp.asarray(flat, dtype=onp.int32)
+        self.lengths = onp.asarray(lengths, dtype=onp.int64)
+        self.offsets = onp.concatenate([[0], onp.cumsum(self.lengths)])  # (n + 1,)
+
+    @classmethod
+    def of(cls, sequences):
+        """The Ragged of a list of id lists (or a Ragged, returned as it is)."""
+        if isinstance(sequences, cls):
+            return sequences
+        lengths = onp.fromiter(map(len, sequences), dtype=onp.int64, count=len(sequences))
+        flat = onp.fromiter(itertools.chain.from_iterable(sequences), dtype=onp.int32,
+                            count=int(lengths.sum()))
+        return cls(flat, lengths)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return self.flat[self.offsets[i]:self.offsets[i + 1]]
+
+    def cut(self, width, bos=None, eos=None):
+        """Each sequence with `bos` before it and `eos` after it (each when not None), cut to
+        its first `width` ids: `build_array`'s targets and sources, all at once."""
+        flat, lengths = self.flat, self.lengths
+        if bos is not None:  # before each sequence's first id
+            flat = onp.insert(flat, self.offsets[:-1], bos)
+            lengths = lengths + 1
+        if eos is not None:  # after each sequence's last id
+            flat = onp.insert(flat, onp.cumsum(lengths), eos)
+            lengths = lengths + 1
+        kept = onp.minimum(lengths, width)
+        starts = onp.concatenate([[0], onp.cumsum(lengths)[:-1]])
+        position = onp.arange(len(flat)) - onp.repeat(starts, lengths)  # within its sequence
+        return Ragged(flat[position < onp.repeat(kept, lengths)], kept)
+
+
 class BucketBatches:
     """Batches of pairs of similar lengths, each padded to its BUCKET's widths.
 
-    ``src``/``tgt``: lists of id lists (targets with <bos> ... <eos>). Batches are
+    ``src``/``tgt``: lists of id lists, or `Ragged` (targets with <bos> ... <eos>). Batches are
     ``(X, X_valid_len, Y, Y_valid_len)`` as `load_data_nmt`'s, float32. Padding to the bucket
     rather than to the batch's longest pair keeps the shapes to a small fixed set
     (`shapes`: at most two batch sizes per bucket), so a static-shape graph is built once per
@@ -84,21 +129,21 @@ class BucketBatches:
                  rank=0, num_workers=1):
         if not 0 <= rank < num_workers:
             raise ValueError(f"rank {rank} is not in 0..{num_workers - 1}")
-        if not src:
+        if not len(src):
             raise ValueError("no training pairs")
-        self.src, self.tgt = src, tgt
+        self.src, self.tgt = Ragged.of(src), Ragged.of(tgt)
         self.batch_size, self.shuffle = batch_size, shuffle
         self.rank, self.num_workers = rank, num_workers
         self.src_pad, self.tgt_pad = src_pad, tgt_pad
-        src_len, tgt_len = [len(s) for s in src], [len(t) for t in tgt]
-        self.widths = bucket_widths(src_len, tgt_len, num_buckets)
-        self.buckets = [[] for _ in self.widths]
-        for i, (s, t) in enumerate(zip(src_len, tgt_len)):
-            b = next(b for b, (ws, wt) in enumerate(self.widths) if s <= ws and t <= wt)
-            self.buckets[b].append(i)
-        keep = [b for b, members in enumerate(self.buckets) if members]
-        self.widths = [self.widths[b] for b in keep]
-        self.buckets = [onp.array(self.buckets[b], dtype=onp.int64) for b in keep]
+        src_len, tgt_len = self.src.lengths, self.tgt.lengths
+        widths = bucket_widths(src_len, tgt_len, num_buckets)
+        # the first bucket a pair fits both ways: the widths form a chain, growing both ways
+        ws, wt = (onp.array(w) for w in zip(*widths))
+        bucket = onp.maximum(onp.searchsorted(ws, src_len), onp.searchsorted(wt, tgt_len))
+        order = onp.argsort(bucket, kind="stable")  # each bucket's pairs in corpus order
+        found, starts = onp.unique(bucket[order], return_index=True)
+        self.widths = [widths[b] for b in found]
+        self.buckets = onp.split(order, starts[1:])
         self.num_batches = sum((len(b) + batch_size - 1) // batch_size for b in self.buckets)
 
     def __len__(self):
@@ -142,11 +187,10 @@ class BucketBatches:
 
 def load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
                   shuffle=True, *, rank=0, num_workers=1):
-    """`BucketBatches` of token lists: sentences cut at `num_steps` tokens (targets counting
-    <bos> and <eos>) as `build_array` does; batches are those of `load_data_nmt`:
-    ``(X, X_valid_len, Y, Y_valid_len)``, padded to their bucket's widths."""
-    bos, eos = tgt_vocab["<bos>"], tgt_vocab["<eos>"]
-    src = [src_vocab[s][:num_steps] for s in source]
-    tgt = [([bos] + tgt_vocab[t] + [eos])[:num_steps] for t in target]
+    """`BucketBatches` of id sequences (`Ragged`, or lists of id lists): sentences cut at
+    `num_steps` ids (targets counting <bos> and <eos>) as `build_array` does; batches are those
+    of `load_data_nmt`: ``(X, X_valid_len, Y, Y_valid_len)``, padded to their bucket's widths."""
+    src = Ragged.of(source).cut(num_steps)
+    tgt = Ragged.of(target).cut(num_steps, tgt_vocab["<bos>"], tgt_vocab["<eos>"])
     return BucketBatches(src, tgt, batch_size, num_buckets, src_vocab["<pad>"], tgt_vocab["<pad>"],
                          shuffle=shuffle, rank=rank, num_workers=num_workers)

@@ -145,6 +145,14 @@ def _checked_code(value, flag):
 
 
 # ---------------------------------------------------------------------------------- reading
+def progress(items, what, unit):
+    """`items`, with a progress bar on stderr when the loop lasts over 2 seconds and stderr is
+    a terminal (tqdm): what a large corpus shows while it is read, split and encoded."""
+    from tqdm import tqdm
+    return tqdm(items, desc=what, unit=unit, disable=None, delay=2, leave=False,
+                unit_scale=True, mininterval=0.5)
+
+
 def _zip_member(path):
     """The text member of a zip: the one ``.txt``/``.tsv`` file whose name does not start with
     ``_`` (Tatoeba's ``_about.txt``); DataError when there is none or several."""
@@ -205,7 +213,7 @@ def _columns_of(lines, shown):
     """Each line's two columns (a third, Tatoeba's attribution, dropped); DataError naming the
     first line with another shape."""
     first, second = [], []
-    for i, line in enumerate(lines):
+    for i, line in enumerate(progress(lines, f"reading {os.path.basename(shown)}", "line")):
         parts = line.split("\t")
         if len(parts) == 3 and parts[2].startswith(ATTRIBUTION):
             parts.pop()

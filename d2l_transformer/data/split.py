@@ -13,7 +13,7 @@ import os
 import numpy as onp
 
 from .batches import load_array, load_bucketed, shard
-from .sources import open_data
+from .sources import open_data, progress
 from .text import (
     RESERVED_TOKENS,
     Vocab,
@@ -53,10 +53,13 @@ def _pairs_of(text, start=0, stop=None):
 
 
 def read_pairs(path=None, num_examples=None, start=0):
-    """The sentence pairs of fra.txt as cleaned text (`clean_text`): ``Pairs(source, target)``
-    of the lines ``start .. num_examples`` (to the end when None), numbered as `tokenize_nmt`
-    numbers them."""
-    return _pairs_of(read_data_nmt(path), start, None if num_examples is None else num_examples + 1)
+    """The sentence pairs of fra.txt (or of any corpus, `sources.open_data`) as cleaned text
+    (`clean_text`): ``Pairs(source, target)`` of the lines ``start .. num_examples`` (to the end
+    when None), numbered as `tokenize_nmt` numbers them."""
+    sources, targets = open_data(path).pairs()
+    stop = None if num_examples is None else num_examples + 1
+    return Pairs([clean_text(s) for s in progress(sources[start:stop], "cleaning", "pair")],
+                 [clean_text(t) for t in targets[start:stop]])
 
 
 def source_overlap(sources, train_sources):
@@ -105,7 +108,7 @@ def split_pairs(source, target, num_valid, num_test, seed=0):
     ``Pairs(source, target)`` (exactly `num_valid` / `num_test` pairs when enough single-pair
     groups remain, as in fra.txt)."""
     groups = collections.defaultdict(list)
-    for i, s in enumerate(source):
+    for i, s in enumerate(progress(source, "splitting by source sentence", "pair")):
         groups[normalize_source(s)].append(i)
     members = list(groups.values())  # in order of first occurrence: deterministic
     parts = ([], [], [])  # valid, test, train
@@ -179,6 +182,12 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
     train, valid, test = split_corpus(num_examples, num_valid, num_test, path, split_by)
     tok = (make_tokenizer(tokenizer, train, vocab_size, joint_vocab) if isinstance(tokenizer, str)
            else tokenizer)
+    if tok.kind == "subword" and num_buckets:  # ids straight from sentencepiece, compactly
+        src_vocab, tgt_vocab = tok.src_vocab(), tok.tgt_vocab()
+        train_iter = load_bucketed(tok.encode_ids(train.source), tok.encode_ids(train.target, True),
+                                   src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
+                                   rank=rank, num_workers=num_workers)
+        return SplitData(src_vocab, tgt_vocab, train_iter, valid, test, tok)
     source = [tok.encode(s) for s in train.source]
     target = [tok.encode_target(t) for t in train.target]
     if tok.kind == "subword":
@@ -187,8 +196,9 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
         src_vocab = Vocab(source, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
         tgt_vocab = Vocab(target, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
     if num_buckets:
-        train_iter = load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps,
-                                   num_buckets, rank=rank, num_workers=num_workers)
+        train_iter = load_bucketed([src_vocab[s] for s in source], [tgt_vocab[t] for t in target],
+                                   src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
+                                   rank=rank, num_workers=num_workers)
     else:
         if num_workers > 1:
             source, target = shard(source, rank, num_workers), shard(target, rank, num_workers)

@@ -24,10 +24,14 @@ of a tokenizer is the list of its pieces in id order.
 """
 
 import io
+import itertools
 import os
 import re
 
-from .sources import language_name
+import numpy as onp
+
+from .batches import Ragged
+from .sources import language_name, progress
 from .text import NO_BREAK_SPACES, RESERVED_TOKENS, Vocab, preprocess_fast, punctuation, space_before
 
 SPM_SRC, SPM_TGT = "spm_src.model", "spm_tgt.model"  # file names inside a model directory
@@ -146,8 +150,8 @@ class SubwordTokenizer:
         if joint:
             proto = _train_unigram(spm_sample(source) + spm_sample(target), vocab_size)
             return cls(proto, proto)
-        return cls(*(_train_unigram(spm_sample(sentences), vocab_size)
-                     for sentences in (source, target)))
+        return cls(*(_train_unigram(spm_sample(sentences), vocab_size) for sentences in
+                     progress((source, target), "training sentencepiece", "language")))
 
     def encode(self, text):
         return self.src.encode(text, out_type=str)
@@ -157,6 +161,20 @@ class SubwordTokenizer:
 
     def decode(self, tokens):
         return self.tgt.decode_pieces(list(tokens))
+
+    def encode_ids(self, texts, target=False, chunk=50_000):
+        """The ids of many source (or `target`) sentences as a `batches.Ragged`, encoded by
+        sentencepiece in chunks (its threads; a progress bar on a terminal for a long corpus):
+        ``vocab[encode(text)]`` for each, without a Python list of tokens per sentence."""
+        sp, side = (self.tgt, "target") if target else (self.src, "source")
+        lengths, flats = [], []
+        for start in progress(range(0, len(texts), chunk), f"encoding the {side} sentences",
+                              "chunk"):
+            ids = sp.encode(texts[start:start + chunk], out_type=int)
+            lengths.append(onp.fromiter(map(len, ids), dtype=onp.int64, count=len(ids)))
+            flats.append(onp.fromiter(itertools.chain.from_iterable(ids), dtype=onp.int32,
+                                      count=int(lengths[-1].sum())))
+        return Ragged(onp.concatenate(flats or [[]]), onp.concatenate(lengths or [[]]))
 
     def detokenize(self, text):
         return text
@@ -187,7 +205,6 @@ def spm_sample(sentences, size=SPM_SAMPLE):
     sentences = list(sentences)
     if len(sentences) <= size:
         return sentences
-    import numpy as onp
     keep = onp.sort(onp.random.RandomState(0).choice(len(sentences), size, replace=False))
     return [sentences[i] for i in keep]
 

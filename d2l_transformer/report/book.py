@@ -78,6 +78,10 @@ def load_run(directory):
     missing = [k for k in needed if k not in s]
     if missing:
         raise ValueError(f"{path} is not a chapter run's summary (no {', '.join(missing)})")
+    data = s.get("data") or {}
+    if (data.get("source_lang", "en"), data.get("target_lang", "fr")) != ("en", "fr"):
+        raise ValueError(f"{path} is a run from {data['source_lang']} to {data['target_lang']}: "
+                         "the book's table is English to French")
     return (s.get("title") or ("exact chapter" if s.get("exact_chapter") else "corrected"), s)
 
 
