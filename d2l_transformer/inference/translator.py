@@ -20,7 +20,6 @@ chapter's argmax.
 """
 
 import collections
-import weakref
 
 import numpy as onp
 from mxnet import np
@@ -224,7 +223,7 @@ class _Rows:
         self.valid_length = np.take(self.valid_length, rows)  # (rows',)
 
 
-_GRAPHS = weakref.WeakKeyDictionary()  # model -> {key: its graph}, built once
+_GRAPHS = "_translator_graphs"  # the model's attribute holding its graphs: {key: graph}
 
 
 class Translator:
@@ -234,7 +233,8 @@ class Translator:
     longest source, as CTranslate2 pads; the same tokens, less work); `max_length`: the most
     tokens of a translation (None: `limits.decode_limit` per sentence); `batch_size` sentences
     are decoded together. The graphs (source side, step, attention pass) are built once per
-    model and device type and hybridized alone (the model's blocks are left as they are).
+    model and device type, hybridized alone (the model's blocks are left as they are) and kept
+    on the model, freed with it.
     Corrected model only (`limits.require_corrected`; the chapter's loop is
     `decode.predict_s2s_ch8`). One call at a time per model: the graphs are shared.
     """
@@ -311,8 +311,10 @@ class Translator:
         """The model's graph `name` on this device type, built (`build()`) and hybridized once,
         after one imperative call on a dummy sentence if the model's initialisation is still
         deferred (the graphs need the weights' shapes); tracked so that a block's change
-        (`_graphs.invalidate`) traces it again."""
-        graphs = _GRAPHS.setdefault(self.model, {})
+        (`_graphs.invalidate`) traces it again. The graphs hold the model's blocks: kept on the
+        model (`_GRAPHS`), they are garbage with it, where a cache beside the model would keep
+        them, its weights included, one garbage collection longer."""
+        graphs = vars(self.model).setdefault(_GRAPHS, {})
         key = (name, self.ctx.device_type)
         if key not in graphs:
             if any(p._data is None for p in self.model.collect_params().values()):
