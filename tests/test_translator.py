@@ -4,6 +4,8 @@ BeamSearchSampler); the step against the chapter's full decoder call; its attent
 graphs traced again when a block changes."""
 
 import collections
+import gc
+import weakref
 
 import decoding_reference as reference
 import mxnet as mx
@@ -161,13 +163,13 @@ def test_a_sentence_stops_once_no_live_beam_can_change_its_n_best(setup, which, 
     steps."""
     models, src_vocab, tgt_vocab, sentences = setup
     translator = _translator(models[which], src_vocab, tgt_vocab, suppress=True, max_length=None)
-    steps, hypotheses = [], Translator._hypotheses
+    steps, hypotheses = [], translator_module._Beams.hypotheses
 
-    def count(self, words, *args):
-        steps.append(words.shape[0])
-        return hypotheses(self, words, *args)
+    def count(self):  # the steps the search ran
+        steps.append(len(self.words))
+        return hypotheses(self)
 
-    monkeypatch.setattr(Translator, "_hypotheses", count)
+    monkeypatch.setattr(translator_module._Beams, "hypotheses", count)
 
     def search(k, alpha, n, early_stop):
         return translator.translate(sentences, k, alpha, early_stop=early_stop, n_best=n)
@@ -352,6 +354,35 @@ def test_attention_and_translation_leave_the_model_as_it_was(setup):
         assert translator.attention(sentences[1], ["je", "."]) == before
     finally:
         model.hybridize(False)
+
+
+@pytest.mark.parametrize("hybridize", [False, True])
+def test_graphs_are_built_once_per_model_and_die_with_it(setup, hybridize, monkeypatch):
+    """The graphs (source side, step, attention pass) are built once per model: a second
+    translator of the same model builds none. Their cache never keeps its model alive: once
+    the model and its translators are dropped, the model, its encoder and its decoder (which
+    the graphs hold) are freed, with deferred initialisation and with the model's own blocks
+    hybridized and traced before (Gluon's name scopes keep the block they were entered from)."""
+    _, src_vocab, tgt_vocab, sentences = setup
+    built, hybridized = [], step_module.hybridized
+    monkeypatch.setattr(step_module, "hybridized",
+                        lambda graph, *a: built.append(type(graph).__name__) or hybridized(graph, *a))
+    model = d2t.build_model(CFG, len(src_vocab), len(tgt_vocab))
+    model.initialize(init.Xavier(), ctx=CTX)  # deferred: the translator's first call infers
+    if hybridize:
+        X = np.ones((2, 3))  # (batch, seq_len)
+        model.hybridize()
+        model(X, X, np.array([3, 2]), np.array([3, 1]))
+    for _ in range(2):
+        translator = _translator(model, src_vocab, tgt_vocab)
+        best = translator.translate(sentences[:4], beam_size=2, n_best=2)
+        assert [len(b) for b in best] == [2] * 4 and translator.translate(sentences[:4])
+        assert len(translator.attention(sentences[0], ["va", "!"])["cross"]) == CFG.num_layers
+    assert sorted(built) == ["AttentionProbe", "DecoderStep", "EncoderKV"]  # once, not twice
+    refs = [weakref.ref(b) for b in (model, model.encoder, model.decoder)]
+    del model, translator, best
+    gc.collect()
+    assert [r() for r in refs] == [None] * 3
 
 
 # ---------------------------------------------------------------------------- fresh graphs

@@ -9,7 +9,9 @@ finished beams for the sentence's `beam_size` places. Beams are rows of the step
 reads each step's (rows, V) logits and ranks their log-softmax with NumPy. A sentence emits at
 most `max_length` tokens (an unfinished hypothesis is scored without ``<eos>``); it has
 finished when all its beams have, or once its n best have and no live beam can beat them
-(`_settled`); once half of a batch's sentences have finished, they leave the step's rows.
+(`_settled`); once half of a batch's sentences have finished, they leave the step's rows. The
+device side (the step graph, its caches: `_Rows`) and the host's books (scores, live beams,
+each step's words and parents: `_Beams`) are kept apart.
 
 **Special tokens**: ``<pad>`` and ``<bos>`` (`limits.BANNED`), and ``<unk>`` with ``no_unk``
 (CTranslate2's ``disable_unk``), get -1e18 added to their log-probability before the search
@@ -18,7 +20,6 @@ chapter's argmax.
 """
 
 import collections
-import weakref
 
 import numpy as onp
 from mxnet import np
@@ -107,7 +108,122 @@ def _settled(scores, alive, t, limits, alpha, n):
     return ~alive[:, :n].any(axis=1) & (scores[:, n - 1] > best_live + margin)
 
 
-_GRAPHS = weakref.WeakKeyDictionary()  # model -> {key: its graph}, built once
+class _Beams:
+    """The host's books of a beam search over B sentences with k beams each (gluonnlp 0.10's
+    ``BeamSearchSampler`` state, in NumPy): each beam's score and whether it lives; per step,
+    each beam's word and the beam it continues; the sentences still in the step's rows (live),
+    sentence ``live[i]``'s beams being rows i * k ... i * k + k - 1. A sentence that has left
+    the rows steps as the identity (its beams keep their places and scores, word -1)."""
+
+    def __init__(self, limits, k, alpha, n, bos, eos):
+        B = len(limits)
+        self.limits, self.k, self.alpha, self.n = limits, k, alpha, n  # limits: (B,)
+        self.bos, self.eos = bos, eos
+        self.scores = onp.full((B, k), NEG, "float32")  # (B, k), length-normalised, best first
+        self.scores[:, 0] = 0  # one live beam to start from: the others would only repeat it
+        self.alive = onp.ones((B, k), bool)  # (B, k)
+        self.live = onp.arange(B)  # (L,): the sentences in the step's rows, in order
+        self.words, self.parents = [], []  # per step, each (B, k): the word (-1: none), its beam
+
+    def inputs(self):
+        """The next step's inputs, each (L * k,): each row's token (``<bos>`` at the start; any
+        token for a finished beam) and the row of the previous step that it continues."""
+        L, k = len(self.live), self.k
+        if not self.words:
+            return onp.full(L * k, self.bos), onp.arange(L * k)
+        word, parent = self.words[-1][self.live], self.parents[-1][self.live]  # (L, k) each
+        return onp.maximum(word, 0).reshape(-1), (parent + onp.arange(0, L * k, k)[:, None]).reshape(-1)
+
+    def update(self, log_probs, t):
+        """Step t's log-probabilities (L * k, V), a row per live beam, into the books
+        (`_beam_update`); a beam finishes with ``<eos>`` or at its sentence's limit."""
+        live, k = self.live, self.k
+        word = onp.full(self.scores.shape, -1)  # (B, k): the sentences off the rows: no word
+        parent = onp.tile(onp.arange(k), (len(word), 1))  # (B, k): ... and their own beams
+        self.scores[live], word[live], parent[live] = _beam_update(  # (L, k) each
+            *_row_top_k(log_probs, k), self.scores[live], self.alive[live], k,
+            *_penalties(t, self.alpha))
+        self.alive = onp.take_along_axis(self.alive, parent, axis=1) & (word != self.eos) \
+            & (self.limits[:, None] > t)  # (B, k): finished, or at the sentence's length limit
+        self.words.append(word)
+        self.parents.append(parent)
+
+    def finished(self, t, early_stop):
+        """(B,) bool after step t: the sentences all of whose beams have finished, or with
+        ``early_stop`` whose n best no live beam can change any more (`_settled`)."""
+        done = ~self.alive.any(axis=1)  # (B,)
+        if early_stop:
+            done |= _settled(self.scores, self.alive, t, self.limits, self.alpha, self.n)
+        return done
+
+    def shrink(self, done):
+        """Once half of the live sentences are done (`finished`), they leave the step's rows:
+        the rows that stay (L' * k,), positions in the step's L * k; None: all stay."""
+        keep = onp.flatnonzero(~done[self.live])  # (L',): positions in `live`
+        if not 0 < 2 * len(keep) <= len(self.live):
+            return None
+        self.live = self.live[keep]
+        return (keep[:, None] * self.k + onp.arange(self.k)).reshape(-1)  # (L', k) -> (L' * k,)
+
+    def hypotheses(self):
+        """Each sentence's n best beams, followed back from the last step: a list of
+        ``(ids, score)`` per sentence, best first, ids without ``<eos>`` (beams scored `NEG`,
+        never filled, left out after the first)."""
+        words, parents = onp.stack(self.words), onp.stack(self.parents)  # (steps, B, k) each
+        out = []
+        for b in range(words.shape[1]):
+            best = []
+            for beam in range(self.n):
+                if beam and self.scores[b, beam] <= NEG / 2:
+                    break
+                j, ids = beam, []
+                for t in range(words.shape[0] - 1, -1, -1):
+                    if words[t, b, j] >= 0:
+                        ids.append(int(words[t, b, j]))
+                    j = int(parents[t, b, j])
+                ids.reverse()
+                if ids and ids[-1] == self.eos:
+                    ids.pop()
+                best.append((ids, float(self.scores[b, beam])))
+            out.append(best)
+        return out
+
+
+class _Rows:
+    """The device side of a beam search: the step graph (`step.DecoderStep`) and, a row per
+    beam of each live sentence, the source's valid length and the caches, 4 per decoder block:
+    self keys, self values (rows, steps, hidden), newest first, then `step.EncoderKV`'s keys
+    and values (rows, T, hidden)."""
+
+    def __init__(self, step, enc_kv, valid_length, k, steps, ctx):
+        self.graph, self.ctx = step, ctx
+        beams = np.array(onp.arange(valid_length.shape[0] * k) // k, dtype="int32",
+                         ctx=ctx)  # (B * k,): each row's sentence
+        enc_kv = [np.take(x, beams, axis=0) for x in enc_kv]  # each (B * k, T, hidden)
+        self.valid_length = np.take(valid_length, beams)  # (B * k,)
+        empty = np.zeros((len(beams), steps, enc_kv[0].shape[-1]), ctx=ctx)  # (B * k, steps, hidden)
+        self.caches = [c for K_enc, V_enc in zip(enc_kv[0::2], enc_kv[1::2])
+                       for c in (empty, empty, K_enc, V_enc)]
+
+    def step(self, tokens, parents, t):
+        """Step t (position t - 1) on the rows, each continuing its parent's cache: tokens,
+        parents (rows,) -> the logits (rows, V), read to the host."""
+        ctx = self.ctx
+        logits, *self_kv = _step.call(
+            self.graph, np.array(tokens[:, None], ctx=ctx),  # (rows,) -> (rows, 1)
+            np.array([t - 1], ctx=ctx), self.valid_length, np.array(parents, ctx=ctx),
+            *self.caches)  # self_kv: 2 caches per block, each (rows, steps, hidden)
+        self.caches[0::4], self.caches[1::4] = self_kv[0::2], self_kv[1::2]
+        return logits.asnumpy()  # (rows, V)
+
+    def keep(self, rows):
+        """Keep only `rows` (rows',), as `_Beams.shrink` gives them."""
+        rows = np.array(rows, dtype="int32", ctx=self.ctx)  # (rows',)
+        self.caches = [np.take(c, rows, axis=0) for c in self.caches]
+        self.valid_length = np.take(self.valid_length, rows)  # (rows',)
+
+
+_GRAPHS = "_translator_graphs"  # the model's attribute holding its graphs: {key: graph}
 
 
 class Translator:
@@ -117,7 +233,8 @@ class Translator:
     longest source, as CTranslate2 pads; the same tokens, less work); `max_length`: the most
     tokens of a translation (None: `limits.decode_limit` per sentence); `batch_size` sentences
     are decoded together. The graphs (source side, step, attention pass) are built once per
-    model and device type and hybridized alone (the model's blocks are left as they are).
+    model and device type, hybridized alone (the model's blocks are left as they are) and kept
+    on the model, freed with it.
     Corrected model only (`limits.require_corrected`; the chapter's loop is
     `decode.predict_s2s_ch8`). One call at a time per model: the graphs are shared.
     """
@@ -194,8 +311,10 @@ class Translator:
         """The model's graph `name` on this device type, built (`build()`) and hybridized once,
         after one imperative call on a dummy sentence if the model's initialisation is still
         deferred (the graphs need the weights' shapes); tracked so that a block's change
-        (`_graphs.invalidate`) traces it again."""
-        graphs = _GRAPHS.setdefault(self.model, {})
+        (`_graphs.invalidate`) traces it again. The graphs hold the model's blocks: kept on the
+        model (`_GRAPHS`), they are garbage with it, where a cache beside the model would keep
+        them, its weights included, one garbage collection longer."""
+        graphs = vars(self.model).setdefault(_GRAPHS, {})
         key = (name, self.ctx.device_type)
         if key not in graphs:
             if any(p._data is None for p in self.model.collect_params().values()):
@@ -205,80 +324,31 @@ class Translator:
         return graphs[key]
 
     def _search(self, sentences, k, alpha, early_stop, n):
-        """Beam search with `k` beams on one batch: each sentence's `n` best hypotheses. Rows
-        b * k ... b * k + k - 1 are sentence b's beams; the host keeps the books (scores, live
-        beams; per step each beam's word and parent). A sentence that has left the rows steps
-        as the identity (its beams keep their places and scores, word -1)."""
-        model, ctx, B = self.model, self.ctx, len(sentences)
-        encode = self._graph("encoder", lambda: _step.EncoderKV(model))
-        step = self._graph("step", lambda: _step.DecoderStep(model.decoder, reorder=True))
-        X, valid_length = self.encode_source(sentences)
-        beams = np.array(onp.arange(B * k) // k, dtype="int32", ctx=ctx)  # (B*k,): a row per beam
-        enc_kv = [np.take(x, beams, axis=0) for x in _step.call(encode, X, valid_length)]
-        valid_length = np.take(valid_length, beams)  # (B*k,)
+        """Beam search with `k` beams on one batch: each sentence's `n` best hypotheses. The
+        device runs the step on a row per beam of each live sentence (`_Rows`); the host reads
+        its logits and keeps the books (`_Beams`)."""
         limits = onp.array([self._limit(len(s)) for s in sentences])  # (B,)
         steps = int(limits.max())
-        empty = np.zeros((B * k, steps, enc_kv[0].shape[-1]), ctx=ctx)  # (B*k, steps, hidden)
-        caches = [c for K_enc, V_enc in zip(enc_kv[0::2], enc_kv[1::2])
-                  for c in (empty, empty, K_enc, V_enc)]  # 4 per block: self K, V; encoder K, V
-        scores = onp.full((B, k), NEG, "float32")
-        scores[:, 0] = 0  # one live beam to start from: the others would only repeat it
-        alive = onp.ones((B, k), bool)
-        live = onp.arange(B)  # the sentences in the step's rows, in order
-        tokens, parent_rows = onp.full(B * k, self.bos), onp.arange(B * k)
-        words, parents = [], []
+        books, rows = _Beams(limits, k, alpha, n, self.bos, self.eos), self._rows(sentences, k, steps)
         for t in range(1, steps + 1):
-            logits, *self_kv = _step.call(
-                step, np.array(tokens[:, None], ctx=ctx), np.array([t - 1], ctx=ctx), valid_length,
-                np.array(parent_rows, ctx=ctx), *caches)  # (rows, V), 2 caches per block
-            caches[0::4], caches[1::4] = self_kv[0::2], self_kv[1::2]
-            log_probs = _log_softmax(logits.asnumpy())
+            log_probs = _log_softmax(rows.step(*books.inputs(), t))  # (rows, V)
             log_probs += self._bias  # (rows, V) + (1, V): the banned tokens at -1e18
-            word = onp.full((B, k), -1)  # a sentence that has left the rows: the identity
-            parent = onp.tile(onp.arange(k), (B, 1))  # (B, k)
-            scores[live], word[live], parent[live] = _beam_update(
-                *_row_top_k(log_probs, k), scores[live], alive[live], k, *_penalties(t, alpha))
-            alive = onp.take_along_axis(alive, parent, axis=1) & (word != self.eos) \
-                & (limits[:, None] > t)  # finished, or at the sentence's length limit
-            words.append(word)
-            parents.append(parent)
-            done = ~alive.any(axis=1)  # (B,)
-            if early_stop:
-                done |= _settled(scores, alive, t, limits, alpha, n)  # as good as finished
-                if done.all():
-                    break
-            keep = onp.flatnonzero(~done[live])  # positions in the step's rows
-            if 0 < 2 * len(keep) <= len(live):  # half have finished: they leave the rows
-                rows = np.array((keep[:, None] * k + onp.arange(k)).reshape(-1), dtype="int32",
-                                ctx=ctx)  # (len(keep) * k,): the kept sentences' beams
-                caches = [np.take(c, rows, axis=0) for c in caches]
-                valid_length = np.take(valid_length, rows)
-                live = live[keep]
-            tokens = onp.maximum(word[live], 0).reshape(-1)  # finished beams: any token
-            parent_rows = (parent[live] + onp.arange(0, len(live) * k, k)[:, None]).reshape(-1)
-        return self._hypotheses(onp.stack(words), onp.stack(parents), scores, n)
+            books.update(log_probs, t)
+            done = books.finished(t, early_stop)  # (B,)
+            if early_stop and done.all():
+                break
+            kept = books.shrink(done)
+            if kept is not None:
+                rows.keep(kept)
+        return [[Hypothesis(self.tgt_vocab.to_tokens(ids), score) for ids, score in best]
+                for best in books.hypotheses()]
 
-    def _hypotheses(self, words, parents, scores, n=1):
-        """Follow each sentence's `n` best beams back from the last step: words, parents
-        (steps, B, k); scores (B, k), best first. A list of hypotheses per sentence (beams
-        scored `NEG`, never filled, left out after the first)."""
-        out = []
-        for b in range(words.shape[1]):
-            best = []
-            for beam in range(n):
-                if beam and scores[b, beam] <= NEG / 2:
-                    break
-                j, ids = beam, []
-                for t in range(words.shape[0] - 1, -1, -1):
-                    if words[t, b, j] >= 0:
-                        ids.append(int(words[t, b, j]))
-                    j = int(parents[t, b, j])
-                ids.reverse()
-                if ids and ids[-1] == self.eos:
-                    ids.pop()
-                best.append(Hypothesis(self.tgt_vocab.to_tokens(ids), float(scores[b, beam])))
-            out.append(best)
-        return out
+    def _rows(self, sentences, k, steps):
+        """The device side of a search (`_Rows`): the sources encoded, `k` rows per sentence."""
+        encode = self._graph("encoder", lambda: _step.EncoderKV(self.model))
+        step = self._graph("step", lambda: _step.DecoderStep(self.model.decoder, reorder=True))
+        X, valid_length = self.encode_source(sentences)
+        return _Rows(step, _step.call(encode, X, valid_length), valid_length, k, steps, self.ctx)
 
     # ------------------------------------------------------------------------------ attention
     def attention(self, src_tokens, tgt_tokens):
