@@ -362,13 +362,16 @@ def test_graphs_are_built_once_per_model_and_die_with_it(setup, hybridize, monke
     translator of the same model builds none. Their cache never keeps its model alive: once
     the model and its translators are dropped, the model, its encoder and its decoder (which
     the graphs hold) are freed, with deferred initialisation and with the model's own blocks
-    hybridized and traced before (Gluon's name scopes keep the block they were entered from)."""
+    hybridized and traced before (Gluon's name scopes keep the block they were entered from).
+    The cache sits beside the model, which it leaves as it was: its entry goes when the model
+    is collected, the graphs (and the encoder and decoder they hold) with the next collection."""
     _, src_vocab, tgt_vocab, sentences = setup
     built, hybridized = [], step_module.hybridized
     monkeypatch.setattr(step_module, "hybridized",
                         lambda graph, *a: built.append(type(graph).__name__) or hybridized(graph, *a))
     model = d2t.build_model(CFG, len(src_vocab), len(tgt_vocab))
     model.initialize(init.Xavier(), ctx=CTX)  # deferred: the translator's first call infers
+    attributes = set(vars(model))
     if hybridize:
         X = np.ones((2, 3))  # (batch, seq_len)
         model.hybridize()
@@ -380,7 +383,10 @@ def test_graphs_are_built_once_per_model_and_die_with_it(setup, hybridize, monke
         assert len(translator.attention(sentences[0], ["va", "!"])["cross"]) == CFG.num_layers
     assert sorted(built) == ["AttentionProbe", "DecoderStep", "EncoderKV"]  # once, not twice
     refs = [weakref.ref(b) for b in (model, model.encoder, model.decoder)]
+    assert set(vars(model)) == attributes  # nothing of the translator's on the user's model
     del model, translator, best
+    gc.collect()
+    assert refs[0]() is None  # the model
     gc.collect()
     assert [r() for r in refs] == [None] * 3
 

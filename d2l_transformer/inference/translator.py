@@ -20,6 +20,7 @@ chapter's argmax.
 """
 
 import collections
+import weakref
 
 import numpy as onp
 from mxnet import np
@@ -223,7 +224,10 @@ class _Rows:
         self.valid_length = np.take(self.valid_length, rows)  # (rows',)
 
 
-_GRAPHS = "_translator_graphs"  # the model's attribute holding its graphs: {key: graph}
+# model -> {key: graph}: a cache beside the user's model, which it leaves as it was. The graphs
+# hold the model's encoder and decoder, never the model: when the model dies its entry goes, and
+# the graphs with the next collection
+_GRAPHS = weakref.WeakKeyDictionary()
 
 
 class Translator:
@@ -233,8 +237,7 @@ class Translator:
     longest source, as CTranslate2 pads; the same tokens, less work); `max_length`: the most
     tokens of a translation (None: `limits.decode_limit` per sentence); `batch_size` sentences
     are decoded together. The graphs (source side, step, attention pass) are built once per
-    model and device type, hybridized alone (the model's blocks are left as they are) and kept
-    on the model, freed with it.
+    model and device type and hybridized alone (the model's blocks are left as they are).
     Corrected model only (`limits.require_corrected`; the chapter's loop is
     `decode.predict_s2s_ch8`). One call at a time per model: the graphs are shared.
     """
@@ -311,10 +314,8 @@ class Translator:
         """The model's graph `name` on this device type, built (`build()`) and hybridized once,
         after one imperative call on a dummy sentence if the model's initialisation is still
         deferred (the graphs need the weights' shapes); tracked so that a block's change
-        (`_graphs.invalidate`) traces it again. The graphs hold the model's blocks: kept on the
-        model (`_GRAPHS`), they are garbage with it, where a cache beside the model would keep
-        them, its weights included, one garbage collection longer."""
-        graphs = vars(self.model).setdefault(_GRAPHS, {})
+        (`_graphs.invalidate`) traces it again."""
+        graphs = _GRAPHS.setdefault(self.model, {})
         key = (name, self.ctx.device_type)
         if key not in graphs:
             if any(p._data is None for p in self.model.collect_params().values()):
