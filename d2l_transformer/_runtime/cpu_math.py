@@ -109,7 +109,7 @@ def configure():
             if "mxnet" in sys.modules and not environ.is_ours(name):
                 _state["late"].append(name)
             environ.claim(name, pin)
-        elif value != pin:
+        elif value != pin:  # oneDNN 2.4 reads `avx2` as no cap at all: the exact spelling
             _state["kept"][name] = value
     if _state["kept"]:
         kept = _state["kept"]
