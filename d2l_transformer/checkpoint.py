@@ -276,7 +276,7 @@ def _load(d, ctxs):
         raise CheckpointError(f"model directory {d.shown}: {e}") from None
     _check_joint(cfg, src_vocab, tgt_vocab, d.shown)
     summary = d.read_json(SUMMARY)
-    _cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
+    _cpu_math.settle(cfg, len(tgt_vocab))  # oneDNN's instruction set, before the first kernel
     model = build_model(cfg, len(src_vocab), len(tgt_vocab))
     expected = _built_shapes(model, ctxs)
     if PARAMS not in d.blobs:

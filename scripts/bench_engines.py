@@ -78,6 +78,7 @@ def ct2_rounds(s, beam, repeats, threads):
     import mxnet as mx
 
     from d2l_transformer import checkpoint
+    from d2l_transformer._runtime import environ
     from d2l_transformer.inference.engines import translator_options
     from d2l_transformer.inference.export import export
     from d2l_transformer.inference.export.ctranslate2 import decoding_options
@@ -105,8 +106,8 @@ def ct2_rounds(s, beam, repeats, threads):
                                "threads": threads, "options": options, "sentences": sentences,
                                "model_dir": model_dir if name == "ours"
                                else os.path.join(tmp, name)}, f)
-                workers[name] = subprocess.Popen(
-                    [sys.executable, BENCH, "--engine-worker", spec],
+                workers[name] = subprocess.Popen(  # the user's environment: CTranslate2's
+                    [sys.executable, BENCH, "--engine-worker", spec], env=environ.user_environ(),
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                 _engine_answer(name, workers[name])  # loaded and warmed up
             rounds, tokens, rss = [], {}, {}

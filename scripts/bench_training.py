@@ -77,8 +77,8 @@ def full_train_row(s, fast, cache_dir):
     from d2l_transformer.training.loss import MaskedSoftmaxCELoss
     from d2l_transformer.training.optim import config_trainer
     cfg = s["full_cfg"]
-    _cpu_math.settle(cfg)  # as `train_model` does: the whole corpus lifts oneDNN's cap
     src_size, tgt_size, arrays = _full_slice(s, cache_dir)
+    work = _cpu_math.settle(cfg, tgt_size)  # as `train_model` does: machine-bound, oneDNN uncapped
     batches = [[mx.np.array(a, dtype="float32") for a in batch] for batch in arrays]
     tokens = sum(float(Y_len.sum() - len(Y_len)) for *_, Y_len in arrays)  # Y_valid_len - 1
     d2t.set_seed(0)  # both paths: the same initial weights
@@ -88,7 +88,7 @@ def full_train_row(s, fast, cache_dir):
     loss = MaskedSoftmaxCELoss(cfg.label_smoothing, reduction=cfg.loss_reduction)
     stamps = []
     summary = d2t.train_s2s_ch8(model, batches, cfg.lr, s["full_epochs"], mx.cpu(),
-                                trainer=trainer, loss=loss, fast=fast,
+                                trainer=trainer, loss=loss, fast=fast, work=work,
                                 on_epoch=lambda epoch, loss: stamps.append(time.time()))
     rate = tokens * (len(stamps) - 1) / (stamps[-1] - stamps[0])
     shapes = sorted({(X.shape[0], X.shape[1], Y.shape[1]) for X, _, Y, _ in arrays})
@@ -100,11 +100,15 @@ def baseline_row(s, key, cache_dir):
     """(a) ``train_torch`` / ``train_gluonnlp``, (h) ``train_full_torch``: the same model in
     PyTorch eager or GluonNLP 0.10 hybridized (scripts/baselines.py) on the batches of the
     package's rows (NumPy copies), target tokens/s over epochs 2..; PyTorch on the threads the
-    package's loop takes for that work (`_runtime.threads.threads_for`)."""
+    package's loop takes for that work (`_runtime.threads.threads_for` of the run's work),
+    in the environment the user had (`_runtime.environ`: PyTorch is not the package's)."""
     import baselines
 
-    from d2l_transformer._runtime.threads import threads_for
+    from d2l_transformer._runtime import environ
+    from d2l_transformer._runtime.threads import run_work, threads_for
     package = "gluonnlp" if key == "train_gluonnlp" else "torch"
+    if package == "torch":  # before PyTorch loads: it reads OMP_NUM_THREADS, its oneDNN the cap
+        environ.restore_user_environ()
     reason = baselines.missing(package)
     if reason:
         return float("nan"), {"skipped": reason}
@@ -118,8 +122,7 @@ def baseline_row(s, key, cache_dir):
         batches = [[a.asnumpy() for a in batch] for batch in it]
     if package == "gluonnlp":
         return baselines.train_gluonnlp(batches, src_size, tgt_size, cfg, epochs)
-    X, _, Y, _ = batches[0]  # the loop's rule: the first batch's output-layer multiply-adds
-    threads = threads_for(X.shape[0] * (Y.shape[1] - 1) * cfg.embedding_size * tgt_size)
+    threads = threads_for(run_work(cfg, tgt_size))  # as `train_model` sizes the package's rows
     return baselines.train_torch(batches, src_size, tgt_size, cfg, epochs, threads)
 
 

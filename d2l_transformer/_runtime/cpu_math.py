@@ -1,50 +1,54 @@
-"""The CPU's arithmetic pinned, so that one seed gives the same numbers on any x86-64 CPU with AVX2.
+"""The CPU's arithmetic pinned, so that one seed gives the same numbers on any x86-64 CPU with
+AVX2 and FMA.
 
 MXNet's CPU results depend on the CPU they run on: oneDNN (MXNet's MKLDNN) and OpenBLAS pick
 their kernels by the instruction set they find, and kernels of different widths add in
 different orders, so the same seed trains to other losses and other translations on an
-AVX-512 Intel than on an AVX2 AMD. `pin` caps oneDNN at AVX2 (``DNNL_MAX_CPU_ISA``; this
+AVX-512 Intel than on an AVX2 AMD. `configure` caps oneDNN at AVX2 (``DNNL_MAX_CPU_ISA``; this
 MXNet's oneDNN reads no ``ONEDNN_`` spelling) and fixes OpenBLAS's kernels to its Haswell ones
 (``OPENBLAS_CORETYPE``), the kernels every x86-64 CPU with AVX2 and FMA (Intel since Haswell,
 AMD since Zen) can run, so such a CPU computes what the README's table was made with
 (docs/chapter.md, "The same numbers on every CPU", has the measurements). The OpenMP thread
-count changes the rounding too: that rule is `threads`' (one thread at the chapter's sizes,
-and a user's ``OMP_NUM_THREADS`` wins); `describe` reports both.
+count changes the rounding too: that rule is `threads`' (one thread below `threads.is_big`);
+`describe` reports what ran of all three.
 
 OpenBLAS reads its variable when it loads, with MXNet; oneDNN its own at its first kernel. So
-`configure` runs before MXNet's import: ``import d2l_transformer`` calls it first thing, and
-``scripts/chapter_oracle.py`` (which imports nothing of the package) loads this file by path.
-When MXNet was imported first, a one-line warning says which pin came too late.
+`configure` runs before MXNet's import (`_runtime.prepare`: ``import d2l_transformer`` calls
+it first thing, and ``scripts/chapter_oracle.py``, which imports nothing of the package, loads
+the folder by path). When MXNet was imported first, `prepare` says in one line which pins came
+too late (`too_late`).
 
 ``D2L_TRANSFORMER_CPU``: ``pinned`` (the default) or ``native`` (the CPU's own kernels: faster
-on some CPUs, other numbers). Pinned, the pins replace what the environment held (the same
-numbers everywhere is the mode's point); a child process inherits them, and in native mode gets
-back what they replaced. It is an
-environment variable, not a command-line flag, because it must act before MXNet loads, and
-importing the package loads MXNet. Nothing is pinned where it cannot hold: a CPU without AVX2
-and FMA (the Haswell kernels would not run), a non-x86 CPU, or a system whose CPU features are
-not readable here (not Linux). Imports no MXNet: the standard library only.
+on some CPUs, other numbers). A value of either variable that the user set is kept, with a
+one-line notice (`environ`'s policy, the same as the threads'). It is an environment variable,
+not a command-line flag, because it must act before MXNet loads, and importing the package
+loads MXNet. Nothing is pinned where it cannot hold: a CPU without AVX2 and FMA (the Haswell
+kernels would not run), a non-x86 CPU, or a system whose CPU features are not readable here
+(not Linux). Imports no MXNet: the standard library only.
 """
 
 import ctypes
-import json
 import os
 import platform
 import sys
-import warnings
+
+from . import environ, threads
 
 ENV = "D2L_TRANSFORMER_CPU"
 MODES = ("pinned", "native")
 ISA_CAP = ("DNNL_MAX_CPU_ISA", "AVX2")
 OPENBLAS_CORE = ("OPENBLAS_CORETYPE", "Haswell")
 PINS = dict((ISA_CAP, OPENBLAS_CORE))
-_MARK = "D2L_TRANSFORMER_CPU_PINNED"  # JSON {name: the value it replaced or None}, inherited
-_state = {"mode": None, "reason": None, "settled": None, "replaced": {}}
+_state = {"mode": None, "reason": None,  # `configure`'s: the mode, why nothing is pinned
+          "kept": {},  # {name: the user's value kept instead of the pin}
+          "late": [],  # the pins set after MXNet was imported (`too_late`)
+          "settled": None,  # "capped" or "lifted": the first `settle`'s
+          "isa_cap": None}  # DNNL_MAX_CPU_ISA when the first `settle` ran: oneDNN's
 
 
 def mode():
     """``"pinned"`` or ``"native"``, from ``D2L_TRANSFORMER_CPU`` (``"pinned"``, with a
-    one-line warning at import, for anything else)."""
+    one-line notice at import, for anything else)."""
     value = os.environ.get(ENV, "pinned").strip().lower() or "pinned"
     return value if value in MODES else "pinned"
 
@@ -87,53 +91,66 @@ def unpinnable(machine=None, flags=None):
 
 
 def configure():
-    """Before MXNet's import: set `PINS` in the environment, unless ``D2L_TRANSFORMER_CPU`` is
-    ``native`` or the CPU cannot run them. Returns whether the pins are set."""
+    """Before MXNet's import: set each of `PINS` that the user did not set (one line names the
+    user's values kept), unless ``D2L_TRANSFORMER_CPU`` is ``native`` or the CPU cannot run
+    them. Returns whether every pin is in force."""
     if os.environ.get(ENV, "pinned").strip().lower() not in MODES + ("",):
-        warnings.warn(f"{ENV}={os.environ[ENV]!r} is not pinned or native: using pinned",
-                      stacklevel=3)
-    _state.update(mode=mode(), reason=None, settled=None, replaced={})
-    inherited = json.loads(os.environ.pop(_MARK, "{}"))  # a pinned parent's pins: not the user's
-    for name, original in inherited.items():
-        if os.environ.get(name) != PINS.get(name):
-            continue  # changed since: the user's
-        if original is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = original
+        environ.notice(f"{ENV}={os.environ[ENV]!r} is not pinned or native: using pinned")
+    _state.update(mode=mode(), reason=None, kept={}, late=[], settled=None, isa_cap=None)
     reason = None if _state["mode"] == "native" else unpinnable(flags=cpu_flags())
     if _state["mode"] == "native" or reason:
         _state["reason"] = reason
+        for name in PINS:
+            environ.release(name)  # a pinned parent's: not the user's
         return False
-    _state["replaced"] = {name: os.environ.get(name) for name in PINS}
-    os.environ[_MARK] = json.dumps(_state["replaced"])
-    os.environ.update(PINS)
-    if "mxnet" in sys.modules and openblas_core() not in (None, OPENBLAS_CORE[1]):
-        warnings.warn("mxnet was imported before d2l_transformer: OpenBLAS runs its "
-                      f"{openblas_core()} kernels, not the pinned Haswell ones, so results may "
-                      "differ from the README's (import d2l_transformer first)", stacklevel=3)
-    return True
+    for name, pin in PINS.items():
+        value = environ.users(name)
+        if value is None:
+            if "mxnet" in sys.modules and not environ.is_ours(name):
+                _state["late"].append(name)
+            environ.claim(name, pin)
+        elif value != pin:  # oneDNN 2.4 reads `avx2` as no cap at all: the exact spelling
+            _state["kept"][name] = value
+    if _state["kept"]:
+        kept = _state["kept"]
+        environ.notice(", ".join(f"{k}={v}" for k, v in kept.items())
+                       + (" are yours and are kept" if len(kept) > 1 else " is yours and is kept")
+                       + ": a seed's numbers may differ from the README's (unset "
+                       + ("them" if len(kept) > 1 else "it") + " for the pinned kernels)")
+    return not _state["kept"]
 
 
-def settle(cfg):
-    """Before a run of `cfg` computes: keep oneDNN capped for a run on a slice of the data
-    (``cfg.num_examples`` set: every edition's chapter run, exact or corrected, and ``tiny``);
-    lift the cap for a run on the whole corpus (the ``full`` presets). Those size their threads
-    to the machine's cores (`threads`), so their numbers depend on the machine anyway, and the
-    cap would cost them speed (docs/benchmarks.md, "The CPU math"). OpenBLAS stays on its
-    Haswell kernels: they are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its
-    first kernel, so the first run of a process decides for the process: `train_model` and
-    `checkpoint.load` call this before they compute; later calls change nothing."""
-    if _state["settled"] or _state["mode"] != "pinned" or _state["reason"]:
-        return
-    whole = getattr(cfg, "num_examples", None) is None
-    _state["settled"] = "lifted" if whole else "capped"
-    name = ISA_CAP[0]
-    if whole and os.environ.get(name) == ISA_CAP[1]:
-        if _state["replaced"].get(name) is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = _state["replaced"][name]
+def too_late():
+    """What came too late for the pins when MXNet was imported first: a list of phrases."""
+    late = []
+    core = openblas_core()
+    if OPENBLAS_CORE[0] in _state["late"] and core not in (None, OPENBLAS_CORE[1]):
+        late.append(f"OpenBLAS runs its {core} kernels, not the pinned Haswell ones")
+    if ISA_CAP[0] in _state["late"]:
+        late.append("oneDNN's AVX2 cap holds only if no MXNet operator has run yet")
+    return late
+
+
+def settle(cfg, tgt_size):
+    """Before a training run of `cfg` with `tgt_size` target tokens computes (or a model of it
+    is loaded): keep oneDNN capped for a pinned run, lift the cap for a machine-bound one
+    (`threads.is_big` of its `threads.run_work`: the `full` presets'), which runs on every core
+    anyway, so that its numbers depend on the machine already, and which the cap would cost
+    speed (docs/benchmarks.md, "The CPU math"). OpenBLAS stays on its Haswell kernels: they
+    are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its first kernel, so the
+    first run of a process decides for the process: `train_model` and `checkpoint.load` call
+    this before their first kernel; later calls change nothing. Starts the run's record of
+    its threads (`threads.begin`); returns the run's work."""
+    work = threads.run_work(cfg, tgt_size)
+    threads.begin()
+    if _state["settled"]:
+        return work
+    lift = _state["mode"] == "pinned" and not _state["reason"] and threads.is_big(work)
+    _state["settled"] = "lifted" if lift else "capped"
+    if lift:
+        environ.release(ISA_CAP[0])  # a cap the user set stays
+    _state["isa_cap"] = os.environ.get(ISA_CAP[0])
+    return work
 
 
 def openblas_core():
@@ -149,44 +166,59 @@ def openblas_core():
     return lib.openblas_get_corename().decode().strip()
 
 
-def threads():
-    """MXNet's OpenMP threads as the environment fixes them (``OMP_NUM_THREADS``), or None."""
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() else None
-
-
 def describe(device="cpu"):
     """What summary.json records of the arithmetic a run on `device` used: ``{"pinned",
-    "mode", "cpu", "isa_cap", "openblas", "threads", "why"}``; `why` says, when the run's
-    numbers may differ from the README's, why (None when they should not)."""
-    pinned = _state["mode"] == "pinned" and not _state["reason"] and _state["settled"] != "lifted"
-    record = {"pinned": pinned, "mode": _state["mode"] or mode(), "cpu": cpu_name(),
-              "isa_cap": os.environ.get(ISA_CAP[0]), "openblas": openblas_core(),
-              "threads": threads(), "why": None}
+    "mode", "cpu", "isa_cap", "openblas", "threads", "why"}``, as it ran: oneDNN's cap when
+    the run settled (`settle`; else the one in the environment), the kernels OpenBLAS chose,
+    the OpenMP thread counts (`threads.ran`; None: MXNet's own). `why` says why the run's
+    numbers may differ from the README's (None when they should not: then `pinned`)."""
+    counts, cause = threads.ran()
+    record = {"pinned": False, "mode": _state["mode"] or mode(), "cpu": cpu_name(),
+              "isa_cap": _state["isa_cap"] if _state["settled"] else os.environ.get(ISA_CAP[0]),
+              "openblas": openblas_core(), "threads": counts, "why": None}
     if not device.startswith("cpu"):
-        record["why"] = f"it ran on {device}, whose arithmetic is the GPU's, not the pinned CPU's"
+        why = [f"it ran on {device}, whose arithmetic is the GPU's, not the pinned CPU's"]
     elif record["mode"] == "native":
-        record["why"] = f"{ENV}=native: this CPU's own kernels"
+        why = [f"{ENV}=native: this CPU's own kernels"]
     elif _state["reason"]:
-        record["why"] = f"not pinned: {_state['reason']}"
-    elif _state["settled"] == "lifted":
-        record["why"] = "a run on the whole corpus: oneDNN on every instruction set of this CPU"
-    elif record["openblas"] not in (None, OPENBLAS_CORE[1]):
-        record["why"] = f"OpenBLAS ran its {record['openblas']} kernels (MXNet imported first)"
-    elif record["threads"] != 1:
-        record["why"] = (f"{record['threads'] or 'MXNet default'} OpenMP threads "
-                         "(OMP_NUM_THREADS), not one")
+        why = [f"not pinned: {_state['reason']}"]
+    else:
+        why = _differences(record, cause)
+    record["why"] = "; ".join(why) or None
+    record["pinned"] = record["why"] is None
     return record
+
+
+def _differences(record, cause):
+    """How a pinned-mode run's `record` differs from the pinned math (phrases)."""
+    why = []
+    if record["isa_cap"] != ISA_CAP[1]:
+        why.append("a machine-bound run: oneDNN on every instruction set of this CPU"
+                   if _state["settled"] == "lifted" else
+                   f"oneDNN capped at {record['isa_cap']} ({ISA_CAP[0]} is yours), not AVX2")
+    if record["openblas"] not in (None, OPENBLAS_CORE[1]):
+        why.append(f"OpenBLAS ran its {record['openblas']} kernels ("
+                   + (f"{OPENBLAS_CORE[0]} is yours" if OPENBLAS_CORE[0] in _state["kept"]
+                      else "MXNet imported first") + ")")
+    counts = record["threads"]
+    if counts != [1]:
+        what = (f"{' and '.join(map(str, counts))} OpenMP threads" if counts
+                else "MXNet's own OpenMP thread count")
+        why.append(f"{what} ({cause}), not one")
+    return why
 
 
 def line(record, label="CPU math"):
     """One line for a run's `describe` record: the arithmetic, and why the table may differ."""
     if record is None:
         return f"{label}: not recorded (a run made before the package recorded it)"
+    counts = record.get("threads")
+    counts = [counts] if isinstance(counts, int) else counts  # an older record: one number
     parts = [f"oneDNN capped at {record['isa_cap']}" if record.get("isa_cap") else
              "oneDNN uncapped", f"OpenBLAS {record.get('openblas') or 'unknown'} kernels",
-             f"OMP_NUM_THREADS={record.get('threads') or 'unset'}"]
+             f"{' and '.join(map(str, counts))} OpenMP thread{'s' * (counts != [1])}" if counts
+             else "MXNet's own OpenMP threads"]
     text = f"{label}: {', '.join(parts)} on {record.get('cpu')}"
     if record.get("why"):
         return text + f"; this table may differ from the README's: {record['why']}"
-    return text + " (pinned: the README's numbers on any x86-64 CPU with AVX2)"
+    return text + " (pinned: the README's numbers on any x86-64 CPU with AVX2 and FMA)"

@@ -10,34 +10,54 @@ every core (the figures: docs/benchmarks.md, "Threads").
 
 So, before MXNet is imported (`configure`, called first thing by the package), this sets
 ``OMP_NUM_THREADS=1``: MXNet then asks OpenMP, per engine thread, how many threads to use,
-instead of fixing the number. Work whose output layer multiplies more than `BIG_WORK`
-multiply-adds per call (`threads_for`) then switches the engine's CPU worker to every physical
-core and back. `size_for(work)` is the one door, for the training loop and the translator:
-the rule is `threads_for`, the switch the kernel library's ``d2t_omp_threads`` operator, which
-runs on that thread (MXNet has no call for it: ``omp_set_num_threads`` from Python sets the
-calling thread's count only); `kernels` hands it over at import (`set_switch`), the arrows
-pointing down. Without the kernels (no compiler) everything stays on one thread, MXNet's
-choice on this machine.
+instead of fixing the number. `is_big` is the one rule for whether work is machine-bound: its
+output layer multiplies `BIG_WORK` or more numbers per call. Such work (`threads_for`) switches
+the engine's CPU worker to every physical core and back, and a run of it lifts oneDNN's cap
+(`cpu_math.settle`). `size_for(work)` is the one door, for the training loop and the
+translator: the switch is the kernel library's ``d2t_omp_threads`` operator, which runs on that
+thread (MXNet has no call for it: ``omp_set_num_threads`` from Python sets the calling thread's
+count only); `kernels` hands it over at import (`set_switch`), the arrows pointing down.
+Without the kernels (no compiler) everything stays on one thread, MXNet's choice on this
+machine. `ran` reports the counts a run used (`cpu_math.describe`).
 
 ``D2L_TRANSFORMER_THREADS``: ``auto`` (the default, as above), a number N (always N threads),
 or ``mxnet`` (leave MXNet's own choice alone); ``D2L_TRANSFORMER_MAX_THREADS`` caps what
-``auto`` uses (`distributed.launch` sets it to the cores / the workers of a local job). A user's own
-``OMP_NUM_THREADS`` or ``MXNET_OMP_MAX_THREADS`` is never overridden: then nothing here
-changes anything. Importing MXNet before this package has the same effect (MXNet has read its
-settings already).
+``auto`` uses (`distributed.launch` sets it to the cores / the workers of a local job). A
+user's own ``OMP_NUM_THREADS`` or ``MXNET_OMP_MAX_THREADS`` is kept (`environ`'s policy, with
+a one-line notice): then nothing here changes anything. Importing MXNet before this package
+has the same effect (MXNet has read its settings already; `_runtime.prepare` says so).
 """
 
 import os
 import sys
-import warnings
+
+from . import environ
 
 ENV = "D2L_TRANSFORMER_THREADS"
 MAX_ENV = "D2L_TRANSFORMER_MAX_THREADS"  # the most `auto` uses (the local launcher shares cores)
-_MARK = "D2L_TRANSFORMER_OMP_SET"  # our own OMP_NUM_THREADS, inherited by child processes
-BIG_WORK = 1 << 24  # multiply-adds of one output-layer call from which every core pays
+OMP = ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS")  # MXNet's thread count, when set
+BIG_WORK = 1 << 26  # multiply-adds of one output-layer call from which every core pays
 _state = {"managed": False,  # OMP_NUM_THREADS is ours (`configure`)
           "threads": 1,  # the count in force on the engine's CPU worker
+          "used": set(),  # the counts `size_for` put in force since `begin`
+          "cause": None,  # why the count is not ours: `ran`
+          "late": False,  # MXNet was imported first and chose its own count: `too_late`
           "switch": None}  # `set_switch`'s: sets that count, True once done
+
+
+def is_big(work):
+    """Whether work of `work` multiply-adds in its output layer per call (a run's: `run_work`)
+    is machine-bound: every physical core (`threads_for`), oneDNN on the CPU's own instruction
+    set (`cpu_math.settle`). Below `BIG_WORK` it is pinned: one thread, the capped kernels, the
+    same numbers on every CPU."""
+    return work >= BIG_WORK
+
+
+def run_work(cfg, tgt_size):
+    """The work of a training run of `cfg` with `tgt_size` target tokens: its output layer's
+    multiply-adds per batch, rows (``batch_size`` x ``num_steps``) x ``output_width`` x
+    `tgt_size`."""
+    return cfg.batch_size * cfg.num_steps * cfg.output_width * tgt_size
 
 
 def physical_cores():
@@ -58,47 +78,91 @@ def physical_cores():
     return max(1, len(cores))
 
 
+def _count(value):
+    """`value` as a number of threads (1 or more), else None."""
+    value = (value or "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def setting():
     """``"auto"``, ``"mxnet"`` or a number of threads, from ``D2L_TRANSFORMER_THREADS``
-    (``"auto"``, with a one-line warning at import, for anything else)."""
+    (``"auto"``, with a one-line notice at import, for anything else)."""
     value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value in ("auto", "mxnet"):
-        return value
-    return int(value) if value.isdigit() and int(value) > 0 else "auto"
+    return value if value in ("auto", "mxnet") else _count(value) or "auto"
+
+
+def max_threads():
+    """The most threads ``auto`` uses (``D2L_TRANSFORMER_MAX_THREADS``), or None: every core."""
+    return _count(os.environ.get(MAX_ENV))
+
+
+def _check_settings():
+    """One line for each of ``D2L_TRANSFORMER_THREADS`` and ``_MAX_THREADS`` that means
+    nothing: it is then ignored."""
+    value = os.environ.get(ENV, "auto").strip().lower()
+    if value not in ("", "auto", "mxnet") and _count(value) is None:
+        environ.notice(f"{ENV}={os.environ[ENV]!r} is not auto, mxnet or a number of threads "
+                       "(1 or more): using auto")
+    if os.environ.get(MAX_ENV, "").strip() and max_threads() is None:
+        environ.notice(f"{MAX_ENV}={os.environ[MAX_ENV]!r} is not a number of threads (1 or "
+                       "more): ignored")
 
 
 def configure():
     """Before MXNet's import: ``OMP_NUM_THREADS=1`` (or N), unless the user set the thread
-    count or MXNet is already imported. Returns whether the threads are ours to switch."""
+    count (kept, with a one-line notice) or MXNet is already imported. Returns whether the
+    threads are ours to switch."""
+    _check_settings()
     mode = setting()
-    if mode == "auto" and os.environ.get(ENV, "auto").strip().lower() not in ("", "auto"):
-        warnings.warn(f"{ENV}={os.environ[ENV]!r} is not auto, mxnet or a number of threads "
-                      "(1 or more): using auto", stacklevel=3)
-    ours = os.environ.get(_MARK) is not None and os.environ.get(_MARK) == os.environ.get(
-        "OMP_NUM_THREADS")
-    user_set = not ours and ("OMP_NUM_THREADS" in os.environ
-                             or "MXNET_OMP_MAX_THREADS" in os.environ)
-    if mode == "mxnet" or user_set or ("mxnet" in sys.modules and not ours):
-        _state["managed"] = False
+    users = {name: environ.users(name) for name in OMP}
+    late = "mxnet" in sys.modules and not environ.is_ours(OMP[0])  # MXNet read them already
+    _state.update(managed=False, threads=1, used=set(), cause=None,
+                  late=late and mode != "mxnet" and not any(users.values()))
+    if mode == "mxnet" or any(users.values()) or late:
+        if not late:
+            environ.release(OMP[0])  # a parent's count is not this process's choice
+        _state["cause"] = _cause(mode, users, late)
+        if any(users.values()) and _fixed(users) != 1:
+            environ.notice(f"{_state['cause']}: MXNet's thread count is yours, so a seed's "
+                           "numbers may differ from the README's (unset it for the package's)")
         return False
-    value = "1" if mode == "auto" else str(mode)
-    os.environ["OMP_NUM_THREADS"] = os.environ[_MARK] = value
+    environ.claim(OMP[0], "1" if mode == "auto" else str(mode))
     _state["managed"] = True
     return True
 
 
+def _cause(mode, users, late):
+    """Why the thread count is not this package's to set (one phrase)."""
+    if any(users.values()):
+        return ", ".join(f"{name}={value}" for name, value in users.items() if value)
+    if late:
+        return "MXNet imported before d2l_transformer: its own OpenMP threads"
+    return f"{ENV}=mxnet: MXNet's own OpenMP threads"
+
+
+def _fixed(users):
+    """The thread count MXNet's operators run with when the user set it, else None."""
+    if users[OMP[1]]:
+        return _count(users[OMP[1]])
+    return _count(users[OMP[0]])
+
+
+def too_late():
+    """What came too late for the threads when MXNet was imported first (a phrase), or None."""
+    return "MXNet runs its own OpenMP thread count, not the package's" if _state["late"] else None
+
+
 def threads_for(work):
     """The threads for operators whose biggest product has `work` multiply-adds: None when
-    the threads are not ours to switch, else N, or 1 / every core (``auto``)."""
+    the threads are not ours to switch, else N, or 1 / every core (``auto``, `is_big`)."""
     if not _state["managed"]:
         return None
     mode = setting()
     if isinstance(mode, int):
         return mode
-    if work < BIG_WORK:
+    if not is_big(work):
         return 1
-    cap = os.environ.get(MAX_ENV, "").strip()
-    return max(1, min(physical_cores(), int(cap))) if cap.isdigit() else physical_cores()
+    return max(1, min(physical_cores(), max_threads() or physical_cores()))
 
 
 def set_switch(switch):
@@ -120,6 +184,27 @@ def size_for(work):
     if n != _state["threads"]:
         switch = _state["switch"]
         if switch is None or not switch(n):
+            _state["used"].add(_state["threads"])
             return None
         _state["threads"] = n
+    _state["used"].add(n)
     return n
+
+
+def begin():
+    """A run begins (`cpu_math.settle`, before it computes): `ran` counts from here."""
+    _state["used"] = set()
+
+
+def ran():
+    """``(counts, cause)``: the OpenMP thread counts MXNet's CPU operators ran with since
+    `begin` (sorted; the count in force when `size_for` was not asked), or None where MXNet
+    chose them; and why they are not this package's choice (None when they are)."""
+    if _state["managed"]:
+        counts, mode = sorted(_state["used"] or {_state["threads"]}), setting()
+        if counts == [1]:
+            return counts, None
+        return counts, f"{ENV}={mode}" if isinstance(mode, int) else "sized to a machine-bound run"
+    users = {name: environ.users(name) for name in OMP}
+    fixed = _fixed(users) if any(users.values()) else None
+    return (None if fixed is None else [fixed]), _state["cause"]

@@ -56,7 +56,7 @@ def check_one_device(reduction, ctxs, kvstore):
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
                   loss=None, start_epoch=1, epoch_seed=None, reseed_from=1, on_batch=None,
                   report_every=50, fast=False, kvstore=None, clip_per_token=False,
-                  size_threads=True, output_width=None):
+                  size_threads=True, output_width=None, work=None):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -96,8 +96,10 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     ``size_threads=False`` keeps the process's OpenMP thread count (``OMP_NUM_THREADS``, one
     unless set) instead of sizing it to the work (`_runtime.threads`): what the chapter's own code runs
     with, whose float rounding an exact run must repeat. The work is the output layer's
-    products: rows x ``output_width`` x vocabulary, the width by default the decoder's
-    ``embedding_size`` (the Transformer's; a seq2seq model's is its LSTMs' units).
+    products: ``work``, the run's (`_runtime.threads.run_work`: `train_model` gives it, the
+    number that also settled oneDNN's cap), else each epoch's first batch's rows x
+    ``output_width`` x vocabulary, the width by default the decoder's ``embedding_size`` (the
+    Transformer's; a seq2seq model's is its LSTMs' units).
 
     ``clip_per_token=True`` (not in the chapter) clips the gradient of the MEAN loss per target
     token to norm 1, as fairseq's and PyTorch's recipes do, instead of the chapter's gradient of
@@ -129,7 +131,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         *sums, done = _train_epoch(
             model, data_iter, step, ctxs, epoch, parallel=parallel, per_width=per_width,
             thread_width=size_threads and (output_width or model.decoder.embedding_size),
-            on_batch=on_batch, report_every=report_every,
+            work=work, on_batch=on_batch, report_every=report_every,
             num_batches=num_batches)
         loss_sum, ce_sum, num_tokens_sum = _epoch_totals(sums, health, global_sum, epoch, trainer)
         elapsed = time.time() - tic
@@ -164,18 +166,19 @@ def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_t
 
 
 def _train_epoch(model, data_iter, step, ctxs, epoch, *, parallel, per_width, thread_width,
-                 on_batch, report_every, num_batches):
+                 work, on_batch, report_every, num_batches):
     """One epoch: `step` on every batch of `data_iter`, then ``(loss_sum, ce_sum,
     num_tokens_sum, batches)``, this worker's, unread (device arrays on the fast path: no host
     sync but ``on_batch``'s reports every ``report_every`` batches). ``thread_width``: the
-    output layer's input width to size the threads by, or False to keep them."""
+    output layer's input width to size the threads by, or False to keep them; ``work``: the
+    run's work to size them by instead of the first batch's (None)."""
     loss_sum, ce_sum, num_tokens_sum, done = 0.0, 0.0, 0.0, 0
     for batch in data_iter:
         # a single device gets the batch here; `_parallel_step` splits it across devices
         X, X_vlen, Y, Y_vlen = batch if parallel else [x.as_in_context(ctxs[0]) for x in batch]
         Y_input, Y_label, Y_vlen = Y[:, :-1], Y[:, 1:], Y_vlen - 1
         if not done and thread_width:  # threads for this size (`_runtime.threads`), each epoch
-            _threads.size_for(X.shape[0] // len(ctxs) * Y_label.shape[1] * thread_width
+            _threads.size_for(work or X.shape[0] // len(ctxs) * Y_label.shape[1] * thread_width
                               * model.decoder.dense.weight.shape[0])  # V: its units
         batch_loss, num_tokens = step(X, X_vlen, Y_input, Y_label, Y_vlen)
         loss_sum += batch_loss  # device arrays on the fast path: no sync here

@@ -157,9 +157,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             except lock.Locked as e:
                 raise RunError(str(e)) from None
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
-        _runtime.cpu_math.settle(cfg)  # oneDNN's instruction set, before this process's first kernel
         set_seed(seed)
-        run.prepare_data()
+        run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
+        run.work = _runtime.cpu_math.settle(cfg, len(run.tgt_vocab))  # pinned or machine-bound
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
         run.set_up_validation()
@@ -200,7 +200,7 @@ class _Run:
         self.data_path, self.checkpoint_every, self.preset = data_path, checkpoint_every, preset
         self.valid_every, self.patience, self.average_last = valid_every, patience, average_last
         self.carry = resume  # OUT/best and OUT/average of a model this run replaces are not its own
-        self.bar = None
+        self.bar, self.work = None, None  # work: the run's (`_runtime.cpu_math.settle`)
 
     def prepare_data(self):
         """The data (`load_data`), a warmup longer than the run warned of, ``valid_every``
@@ -308,7 +308,7 @@ class _Run:
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
                 fast=self.fast, kvstore=self.kvstore, on_batch=self.bar,
                 clip_per_token=cfg.clip_per_token, output_width=cfg.output_width,
-                size_threads=not cfg.exact_chapter)  # exact: the book's code's threads
+                size_threads=not cfg.exact_chapter, work=self.work)  # exact: the book's threads
         finally:
             if self.bar is not None:
                 self.bar.close()
