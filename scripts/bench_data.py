@@ -50,12 +50,11 @@ def child(path, preset):
     """The stages of a training run before its first step, timed (this process is measured)."""
     sys.path.insert(0, ROOT)
     tic = time.time()
-    import d2l_transformer  # noqa: F401 (first: its step before MXNet loads)
-    import mxnet as mx
-    from d2l_transformer.config import PRESETS
+    from d2l_transformer.config import PRESETS  # the package first: its step before MXNet loads
     from d2l_transformer.data import open_data
     from d2l_transformer.training.run import load_data
     stages = {"import": time.time() - tic}
+    import mxnet as mx
     cfg = PRESETS[preset]
     tic = time.time()
     data = open_data(path, cfg.source_lang, cfg.target_lang)
