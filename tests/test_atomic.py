@@ -63,9 +63,9 @@ def test_resolve_dir_gives_the_real_version_of_every_layout(tmp_path):
     os.symlink(version.name, tmp_path / "m" / "current")  # this layout
     assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(version)
     os.remove(tmp_path / "m" / "current")
-    (tmp_path / "m" / "current").mkdir()  # a copy that followed the links: current/ is read
-    assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(tmp_path / "m" / "current")
-    (tmp_path / "m" / "current").rmdir()  # a plain directory (an older layout) is read where it is
+    (tmp_path / "m" / "current").mkdir()  # a copy that followed the links: read where it is,
+    assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(tmp_path / "m")
+    (tmp_path / "m" / "current").rmdir()  # as a plain directory (an older layout) is
     assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(tmp_path / "m")
     os.replace(tmp_path / "m", tmp_path / ".m.pending")  # a migration between its two renames
     assert atomic.resolve_dir(str(tmp_path / "m")) == os.path.realpath(tmp_path / ".m.pending")

@@ -10,12 +10,12 @@ real directory holding its versions, a relative link ``current`` to one, and a l
 writes a complete new version inside the directory (every file fsynced) and renames a new link
 onto ``current`` with one ``os.replace``. Every link is relative and inside the directory, so
 any copy is whole: ``cp -r``, ``cp -a``, ``rsync -a``, ``tar`` keep the links; ``zip -r`` and
-``shutil.copytree`` follow them, and a copy's ``current/`` is read as its version. A reader
-resolves the path once (`resolve_dir`) and reads every file from that version; the previous
-version stays until the next save is complete. Older versions and leftovers of interrupted
-saves are removed once a save is in place; what else the directory holds (``best/``, a user's
-file) is never touched. A save replaces only what this package wrote (`check_replaceable`).
-One writer at a time per path.
+``shutil.copytree`` follow them, and such a copy is read as a plain directory. A reader resolves
+the path once (`resolve_dir`) and reads every file from that version; the previous version
+stays until the next save is complete. Older versions and leftovers of interrupted saves are
+removed once a save is in place; what else the directory holds (``best/``, a user's file) is
+never touched. A save replaces only what this package wrote (`check_replaceable`). One writer
+at a time per path.
 
 Older layouts load, and migrate on their next save, loadable at every step: a plain directory
 (a version of hard links to its files, ``current`` renamed in, each file replaced by its link)
@@ -138,13 +138,13 @@ def _only_leftovers(directory):
 
 
 def resolve_dir(path):
-    """The real directory to read for `path`, resolved once: the version its ``current`` names
-    (a copy's ``current/`` itself), the link layout's version, or a plain directory; while a
-    migration has `path` missing, the pending one's. A version stays on disk until the save
+    """The real directory to read for `path`, resolved once: the version its ``current`` names,
+    the link layout's version, or a plain directory (a copy that followed the links too); while
+    a migration has `path` missing, the pending one's. A version stays on disk until the save
     after the one that replaced it is complete."""
     real = os.path.realpath(_standing(os.path.abspath(path)))
-    current = os.path.join(real, CURRENT)
-    return os.path.realpath(current) if os.path.isdir(current) else real
+    version = _current(real)
+    return os.path.realpath(version) if version else real
 
 
 def check_replaceable(path, replaceable=None):
@@ -277,24 +277,23 @@ def _link_entries(directory):
 
 
 def _adopt(path, owned):
-    """Give the real, non-empty directory `path` a ``current`` (see the module's docstring):
-    a copy that followed the links has its ``current/`` renamed to a version; a plain directory
-    gets a version of hard links to the files ``owned(path)`` names (what this package wrote;
-    None: every file). Returns the version ``current`` names (None: only leftovers there)."""
+    """Give the real, non-empty directory `path` a ``current`` (the module's docstring): a
+    plain directory (or a copy that followed the links, whose ``current/`` is set aside) gets a
+    version of hard links to the files ``owned(path)`` names (what this package wrote; None:
+    every file). Returns the version ``current`` names (None: only leftovers there)."""
     current = os.path.join(path, CURRENT)
     if not _current(path):
         if _only_leftovers(path):
             return None
         version = os.path.join(path, f"v-{secrets.token_hex(8)}")
-        if os.path.isdir(current):  # `resolve_dir` reads the copy's plain files until `_point`
-            os.replace(current, version)
-        else:
-            os.mkdir(version)
-            for name in owned(path) if owned else os.listdir(path):
-                entry = os.path.join(path, name)
-                if os.path.isfile(entry) and not os.path.islink(entry):
-                    _link_or_copy(entry, os.path.join(version, name))
-            fsync_dir(version)
+        os.mkdir(version)
+        for name in owned(path) if owned else os.listdir(path):
+            entry = os.path.join(path, name)
+            if os.path.isfile(entry) and not os.path.islink(entry):
+                _link_or_copy(entry, os.path.join(version, name))
+        fsync_dir(version)
+        if os.path.isdir(current) and not os.path.islink(current):
+            os.replace(current, _sibling(current, "old"))  # a leftover, removed by `_clean`
         _point(path, version)
     _link_entries(path)
     return _current(path)
