@@ -19,6 +19,7 @@ manifest) and rebuilt otherwise. An earlier release kept it beside the model dir
 hidden sibling ``.NAME.ctranslate2``: that one is removed once the new one is made.
 """
 
+import contextlib
 import os
 
 from ...io import atomic, lock
@@ -107,11 +108,12 @@ def kept_path(model_dir):
 
 def _remove_old_kept(model_dir):
     """Remove the export an earlier release kept beside `model_dir` (``.NAME.ctranslate2``),
-    when it is one this package wrote."""
+    when it is one this package wrote (where the parent cannot be written, it stays)."""
     parent, base = os.path.split(os.path.abspath(model_dir).rstrip(os.sep))
     old = os.path.join(parent, f".{base}{OLD_KEPT_SUFFIX}")
     if os.path.lexists(old) and is_export(old):
-        atomic.remove_dir(old)
+        with contextlib.suppress(OSError):
+            atomic.remove_dir(old)
 
 
 def _current(path, key):
@@ -131,7 +133,7 @@ def _current(path, key):
 
 def kept_export(model_dir):
     """``(export directory, its manifest)``: the float32 CTranslate2 export of `model_dir`,
-    exported now unless the one kept beside it (`kept_path`) was made from the directory's
+    exported now unless the one kept in it (`kept_path`) was made from the directory's
     current version. ExportError (one line) for a model CTranslate2 cannot run, a missing
     ``ctranslate2`` package, a ``NAME/ctranslate2`` that is not an export (never replaced) or
     cannot be written, or another process exporting it at that moment (`io.lock`)."""
