@@ -12,16 +12,22 @@ A model directory holds::
     spm_tgt.model
     manifest.json      size and SHA-256 of every file above
     best/, average/    optional: model directories of their own (training with validation
-                       and averaging), carried into each new save of the directory (``keep``)
+                       and averaging), beside the model's files; a save keeps them
+                       unless asked to drop them (``drop``)
+    ctranslate2/       optional: the CTranslate2 export `inference.export.kept_export` keeps
 
-Saving is atomic and durable (`atomic.write_dir`): every file is fsynced into a new versioned
-sibling directory, and the model path, a symbolic link, is switched to it with one rename, so
-the path always names a complete model, the previous one or the new one, even if the save is
-interrupted; leftovers of an interrupted save are removed by the next one. A save replaces a
-model directory only (`is_model_dir`), never a directory or file it did not write. Loading
-resolves the path once and reads every file from that version (the previous version stays
-on disk until the next save is complete), checks the manifest, then the shapes of the
-parameters against the model the config and vocabularies build; any mismatch is one line.
+Saving is atomic and durable (`atomic.write_dir`): every file is fsynced into a new version
+inside the directory (``v-XXXXXXXXXXXXXXXX``), and the relative link ``current`` is switched to
+it with one rename; each file above is also a link ``NAME -> current/NAME``. So the directory
+always holds a complete model, the previous one or the new one, even if the save is
+interrupted; leftovers of an interrupted save are removed by the next one; and a copy made
+with any tool (``cp -r``, ``cp -a``, ``rsync -a``, ``tar``, ``zip -r``) loads. A save replaces
+a model directory only (`is_model_dir`), never a directory or file it did not write, and never
+what else the directory holds. Directories of older layouts (a link to a hidden sibling
+version, or the files directly in the directory) load, and migrate on their next save.
+Loading resolves the path once and reads every file from that version (the previous version
+stays until the next save is complete), checks the manifest, then the shapes of the parameters
+against the model the config and vocabularies build; any mismatch is one line.
 
 A model with tied embeddings (``tie_embeddings``, `build.tie_embeddings`) holds one Parameter
 in several places: params.params has it under each structural name that uses it (the same
@@ -33,7 +39,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 
 import mxnet as mx
 from mxnet import init, np
@@ -46,7 +51,7 @@ from .data.sources import fingerprint
 from .data.tokenize import TokenizerError
 from .data.tokenize import load_tokenizer as _load_tokenizer
 from .io import atomic
-from .io.manifest import MANIFEST, ManifestError, build_manifest, read_checked
+from .io.manifest import MANIFEST, ManifestError, build_manifest, listed_files, read_checked
 
 log = logging.getLogger(__name__)
 
@@ -84,29 +89,6 @@ def _write_text(path, text):
     atomic.write_text(path, text)
 
 
-def _carry(old_dir, new_dir, name):
-    """Put the model directory `name` inside `old_dir` (a link to its versioned sibling, as
-    `atomic.write_dir` makes it, or a plain directory) into `new_dir` the same way, its files
-    hard-linked (copied where links are not possible)."""
-    src = os.path.join(old_dir, name)
-    if not os.path.isdir(src):
-        return
-    target = os.readlink(src) if os.path.islink(src) else name  # ".best.v-..." or "best"
-    if os.path.isabs(target) or os.sep in target:
-        return  # a link the package did not make: not ours to copy
-    shutil.copytree(os.path.join(old_dir, target), os.path.join(new_dir, target),
-                    copy_function=_link_or_copy)
-    if target != name:
-        os.symlink(target, os.path.join(new_dir, name))
-
-
-def _link_or_copy(src, dst):
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def is_model_dir(path):
     """True when `path` (a directory, or a link to one) holds a model directory this package
     wrote, in the current layout or an older one: a config.json and a manifest.json that lists
@@ -123,14 +105,13 @@ def is_model_dir(path):
 
 
 def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None, tokenizer=None,
-         *, keep=()):
+         *, drop=()):
     """Write the model directory `directory` atomically (replacing an existing model directory,
     never anything else: `atomic.NotReplaceable`, see `is_model_dir`). ``tokenizer``: its
-    files (the sentencepiece models of a subword tokenizer) are kept too. ``keep``: names of
-    model directories inside the existing `directory` (``best``, ``average``) that the new
-    version keeps (outside the manifest: each has its own)."""
+    files (the sentencepiece models of a subword tokenizer) are kept too. What else the
+    directory holds stays, but ``drop``: names of model directories inside it (``best``,
+    ``average``) removed once the new version is in place (those of a model it replaces)."""
     _check_joint(cfg, src_vocab, tgt_vocab, os.path.abspath(directory))
-    old = atomic.resolve_dir(directory) if keep else None
 
     def fill(tmp_dir):
         _write(os.path.join(tmp_dir, PARAMS), lambda tmp: _save_parameters(model, tmp))
@@ -144,10 +125,11 @@ def save(directory, model, src_vocab, tgt_vocab, cfg, summary=None, trainer=None
         if trainer is not None:
             _write(os.path.join(tmp_dir, TRAINER), trainer.save_states)
         build_manifest(tmp_dir)
-        if old is not None and os.path.isdir(old):
-            for name in keep:
-                _carry(old, tmp_dir, name)
-    return atomic.write_dir(directory, fill, replaceable=is_model_dir)
+    path = atomic.write_dir(directory, fill, replaceable=is_model_dir, owned=listed_files)
+    for name in drop:
+        if is_model_dir(os.path.join(path, name)):
+            atomic.remove_dir(os.path.join(path, name))
+    return path
 
 
 def _check_joint(cfg, src_vocab, tgt_vocab, shown):
@@ -206,10 +188,10 @@ class _Dir:
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"model directory {self.shown}: {CONFIG}: {e}") from None
 
-    def vanished(self):
-        """True when this version was removed while it was read (two saves completed
-        meanwhile): read the directory again."""
-        return self.real != self.shown and not os.path.isdir(self.real)
+    def moved(self):
+        """True when the directory resolves to another version now (two saves completed while
+        this one was read, or a migration): read the directory again."""
+        return atomic.resolve_dir(self.shown) != self.real
 
 
 def _built_shapes(model, ctxs):
@@ -222,14 +204,14 @@ def _built_shapes(model, ctxs):
 
 
 def _retrying(read, directory, attempts=3):
-    """``read(_Dir(directory))``, again on a fresh resolution if the version it read was
-    removed meanwhile (a reader slower than two saves)."""
+    """``read(_Dir(directory))``, again on a fresh resolution if the directory moved to another
+    version meanwhile (a reader slower than two saves)."""
     for attempt in range(attempts):
         d = _Dir(directory)
         try:
             return read(d)
         except (CheckpointError, OSError, mx.base.MXNetError):
-            if attempt == attempts - 1 or not d.vanished():
+            if attempt == attempts - 1 or not d.moved():
                 raise
 
 

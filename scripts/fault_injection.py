@@ -79,9 +79,9 @@ def _env():
 
 
 def _versions(path):
-    parent, base = os.path.split(path)
-    return {n for n in os.listdir(parent) if n.startswith(f".{base}.v-")} \
-        if os.path.isdir(parent) else set()
+    """The version directories inside the model directory `path`."""
+    return {n for n in os.listdir(path) if re.fullmatch(r"v-[0-9a-f]{16}", n)} \
+        if os.path.isdir(path) else set()
 
 
 def _files(path):
@@ -297,15 +297,16 @@ def _failing_save(out, work, preexec=None):
 
 
 @contextlib.contextmanager
-def _read_only_dir(path):
-    """`path` made read-only for the code inside: mode 0555, or as root a read-only remount of
-    a tmpfs mounted there (yields False when neither is possible)."""
+def _read_only_dir(path, model_dir):
+    """The model directory `model_dir` made read-only for the code inside: mode 0555, or as
+    root a read-only remount of the tmpfs mounted at `path` above it (yields False when neither
+    is possible)."""
     if os.getuid() != 0:
-        os.chmod(path, 0o555)
+        os.chmod(model_dir, 0o555)
         try:
             yield True
         finally:
-            os.chmod(path, 0o755)
+            os.chmod(model_dir, 0o755)
         return
     if subprocess.run(["mount", "-o", "remount,ro", path], capture_output=True).returncode:
         yield False
@@ -338,7 +339,7 @@ def fail_scenario(work, timeout):
         out = os.path.join(ro, "m")
         subprocess.run(_cli(*TRAIN, "--epochs", "1", "--out", out), capture_output=True,
                        env=_env(), cwd=work, timeout=timeout, check=True)
-        with _read_only_dir(ro) as ok:
+        with _read_only_dir(ro, out) as ok:
             figures["read_only_directory"] = dict(
                 _failing_save(out, work), how="mode 0555" if os.getuid() else "read-only tmpfs") \
                 if ok else {"skipped": "could not make the directory read-only"}

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shutil
 
 import mxnet as mx
 import pytest
@@ -25,19 +27,21 @@ def trained(tmp_path_factory):
     return model, src_vocab, tgt_vocab, cfg, summary, directory
 
 
-def _copy(src, tmp_path):
-    dst = str(tmp_path / "copy")
+def _copy(src, tmp_path, name="copy"):
+    """A plain copy of the model directory `src`'s files (its links followed)."""
+    dst = str(tmp_path / name)
     os.makedirs(dst)
     for name in os.listdir(src):
-        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
-            g.write(f.read())
+        if os.path.isfile(os.path.join(src, name)):
+            with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+                g.write(f.read())
     return dst
 
 
 def test_save_load_same_translations(trained):
     model, src_vocab, tgt_vocab, cfg, summary, directory = trained
-    assert sorted(os.listdir(directory)) == ["config.json", "manifest.json", "params.params",
-                                            "src_vocab.json", "summary.json", "tgt_vocab.json"]
+    assert _entries(directory) == ENTRIES[:-1]  # each file a link into the version `current` names
+    assert sorted(os.listdir(os.path.join(directory, "current"))) == FILES
     model2, src2, tgt2, cfg2, summary2 = checkpoint.load(directory)
     assert cfg2 == cfg and summary2["loss"] == summary["loss"]
     assert src2.idx_to_token == src_vocab.idx_to_token and tgt2.idx_to_token == tgt_vocab.idx_to_token
@@ -61,13 +65,20 @@ def test_save_replaces_atomically(trained, tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "_write_text", crash)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 2})
-    assert _entries(tmp_path) == ["m", "v"]  # no temporary directory left behind
+    assert os.listdir(tmp_path) == ["m"] and _entries(directory) == ENTRIES[:-1]  # no leftover
     assert checkpoint.load(directory)[4] == {"run": 1}  # the previous model, whole
 
 
-def _entries(parent):
-    """The model path and its versions: "m" and "v" (one each when nothing is left over)."""
-    return sorted("v" if n.startswith(".m.v-") else n for n in os.listdir(parent))
+FILES = ["config.json", "manifest.json", "params.params", "src_vocab.json", "summary.json",
+         "tgt_vocab.json"]
+ENTRIES = sorted(FILES + ["current"]) + ["v", "v"]  # after two saves: two versions
+
+
+def _entries(directory):
+    """What a model directory holds, each version as "v", last."""
+    names = os.listdir(directory)
+    versions = [n for n in names if re.fullmatch(r"v-[0-9a-f]{16}", n)]
+    return sorted(set(names) - set(versions)) + ["v"] * len(versions)
 
 
 class _Interrupter:
@@ -90,15 +101,20 @@ class _Interrupter:
         return step
 
 
-def _legacy_dir(trained, path):
-    """A model directory as older releases wrote it: a plain directory, no link."""
+def _legacy_dir(trained, path, layout="plain"):
+    """A model directory as older releases wrote it: a plain directory (the files in it), or
+    a link to its hidden sibling version ``.NAME.v-<hex>``."""
     model, src_vocab, tgt_vocab, cfg, _, _ = trained
-    real = checkpoint.save(path + "-new", model, src_vocab, tgt_vocab, cfg, {"run": 1})
-    os.replace(os.path.realpath(real), path)
-    os.remove(real)
+    made = checkpoint.save(path + "-new", model, src_vocab, tgt_vocab, cfg, {"run": 1})
+    parent, base = os.path.split(path)
+    real = path if layout == "plain" else os.path.join(parent, f".{base}.v-00000000000000ff")
+    shutil.copytree(checkpoint.atomic.resolve_dir(made), real)
+    shutil.rmtree(made)
+    if layout != "plain":
+        os.symlink(os.path.basename(real), path)
 
 
-@pytest.mark.parametrize("layout", ["versioned", "plain directory from an older release"])
+@pytest.mark.parametrize("layout", ["versioned", "plain", "link"])
 def test_interrupted_at_every_step_the_path_is_a_complete_model(trained, tmp_path, layout):
     model, src_vocab, tgt_vocab, cfg, _, _ = trained
     k, completed = 0, False
@@ -109,9 +125,9 @@ def test_interrupted_at_every_step_the_path_is_a_complete_model(trained, tmp_pat
         directory = str(parent / "m")
         if layout == "versioned":
             checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 1})
-        else:
-            _legacy_dir(trained, directory)
-            assert os.path.isdir(directory) and not os.path.islink(directory)
+        else:  # an older release's: a plain directory, or a link to a hidden sibling version
+            _legacy_dir(trained, directory, layout)
+            assert os.path.islink(directory) == (layout == "link")
         with pytest.MonkeyPatch.context() as mp:
             interrupter = _Interrupter(mp, k)
             try:
@@ -124,12 +140,15 @@ def test_interrupted_at_every_step_the_path_is_a_complete_model(trained, tmp_pat
         if completed:
             assert summary == {"run": 2}
             assert interrupter.calls == k - 1 and k > 20  # every step was interrupted once
-        # the next save completes and leaves only the link, its version and the previous one
+        # the next save completes and leaves only the links, its version and the previous one
+        # (and the link layout's version, for its readers, when this save migrated it)
         previous = checkpoint.atomic.resolve_dir(directory)
         checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 3})
         assert json.loads((parent / "m" / "summary.json").read_text()) == {"run": 3}
-        assert _entries(parent) == ["m", "v", "v"], (k, os.listdir(parent))
-        if os.path.basename(previous).startswith(".m.v-"):  # a reader of it finishes on it
+        assert _entries(directory) == ENTRIES, (k, os.listdir(directory))
+        assert sorted(os.listdir(parent)) in (["m"], [".m.v-00000000000000ff", "m"]), k
+        if re.fullmatch(r"(\.m\.)?v-[0-9a-f]{16}", os.path.basename(previous)):  # a version:
+            # a reader of it finishes on it (of a plain or pending directory: it reads again)
             assert json.loads(open(os.path.join(previous, "summary.json")).read()) == summary
 
 
@@ -137,12 +156,16 @@ def test_stale_leftovers_are_removed_by_the_next_save(trained, tmp_path):
     model, src_vocab, tgt_vocab, cfg, _, _ = trained
     directory = str(tmp_path / "m")
     checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 1})
-    for stale in (".m.tmp-k3j_x9qa", ".m.old-0a1b2c3d", ".m.v-00000000000000aa"):
+    for stale in (".m.tmp-k3j_x9qa", ".m.old-0a1b2c3d", ".m.v-00000000000000aa",  # beside it
+                  "m/v-00000000000000aa", "m/.current.tmp-0123456789abcdef"):  # inside it
         os.makedirs(os.path.join(tmp_path, stale, "junk"))
     (tmp_path / ".m.tmp-1234abcd5678ef90").write_text("half a file")
+    (tmp_path / "m" / ".params.params.tmp-k3j_x9qa").symlink_to("current/params.params")
     (tmp_path / ".mm.tmp-k3j_x9qa").mkdir()  # another model's: not ours to remove
+    (tmp_path / "m" / "v-1").mkdir()  # not a version's name: the user's
     checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, {"run": 2})
-    assert _entries(tmp_path) == [".mm.tmp-k3j_x9qa", "m", "v", "v"]  # run 2 and run 1
+    assert sorted(os.listdir(tmp_path)) == [".mm.tmp-k3j_x9qa", "m"]
+    assert _entries(directory) == sorted(FILES + ["current", "v-1"]) + ["v", "v"]  # runs 2, 1
     assert checkpoint.load(directory)[4] == {"run": 2}
 
 
@@ -174,8 +197,9 @@ def test_save_replaces_a_model_directory_only(trained, tmp_path):
     assert sorted(os.listdir(user)) == ["config.json", "manifest.json", "notes.txt"]
     assert (user / "notes.txt").read_text() == "mine"
     checkpoint.save(legacy, model, src_vocab, tgt_vocab, cfg, {"run": 2})
-    assert os.path.islink(legacy) and checkpoint.load(legacy)[4] == {"run": 2}
-    assert checkpoint.is_model_dir(legacy)
+    assert os.path.islink(os.path.join(legacy, "current")) and checkpoint.load(legacy)[4] == {
+        "run": 2}
+    assert checkpoint.is_model_dir(legacy) and _entries(legacy) == ENTRIES
 
 
 def test_truncated_params_fail_cleanly(trained, tmp_path):
@@ -198,12 +222,13 @@ def test_mismatched_vocab_or_config_fails_in_one_line(trained, tmp_path):
     for args, pattern in [((bigger, tgt_vocab, cfg), r"encoder.embed.weight is \(43, 16\) in "
                                                       r"params.params but \(44, 16\)"),
                           ((src_vocab, tgt_vocab, cfg.replace(ffn_hidden_size=24)), "ffn")]:
-        directory = str(tmp_path / f"bad{len(pattern)}")
-        checkpoint.save(directory, model, src_vocab, tgt_vocab, cfg, summary)
+        saved = str(tmp_path / f"bad{len(pattern)}")
+        checkpoint.save(saved, model, src_vocab, tgt_vocab, cfg, summary)
+        directory = _copy(saved, tmp_path, f"plain{len(pattern)}")
         # overwrite vocabulary / config, keeping the manifest consistent: a wrong *pairing*
-        checkpoint.save(directory + "-other", model, *args, summary)
+        checkpoint.save(saved + "-other", model, *args, summary)
         for name in ("src_vocab.json", "config.json", "manifest.json"):
-            os.replace(os.path.join(directory + "-other", name), os.path.join(directory, name))
+            shutil.copyfile(os.path.join(saved + "-other", name), os.path.join(directory, name))
         with open(os.path.join(directory, "manifest.json")) as f:
             manifest = json.load(f)
         from d2l_transformer.io.atomic import sha256 as _sha256  # the params hash is the real one

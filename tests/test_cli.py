@@ -16,6 +16,7 @@ import mxnet as mx
 import pytest
 
 from d2l_transformer.cli import commands as cli
+from d2l_transformer.io import atomic
 
 TRAIN = ["train", "--preset", "tiny", "--ctx", "cpu", "--quiet", "--seed", "3"]
 
@@ -330,12 +331,12 @@ def test_out_model_directory_resumed_or_replaced_on_request(model_dir, tmp_path,
     assert r.returncode == 0 and "from epoch 2" in r.stderr, r.stderr
     resumed = json.loads(open(os.path.join(out, "summary.json")).read())
     assert resumed["epoch_history"][:1] == first["epoch_history"] and resumed["epochs_done"] == 2
-    out = str(tmp_path / "replaced")  # a copy, as a plain directory (the older layout)
-    shutil.copytree(os.path.realpath(model_dir), out)
+    out = str(tmp_path / "replaced")  # a plain copy of its files (the oldest layout)
+    shutil.copytree(atomic.resolve_dir(model_dir), out)
     assert cli.main(TRAIN[:-1] + ["4", "--epochs", "1", "--out", out, "--overwrite"]) == 0
     replaced = json.loads(open(os.path.join(out, "summary.json")).read())
-    assert replaced["seed"] == 4 and replaced["epochs_done"] == 1 and os.path.islink(out)
-    assert not any(n.startswith(".replaced.") and not n.startswith(".replaced.v-")
-                   for n in os.listdir(tmp_path))
+    assert replaced["seed"] == 4 and replaced["epochs_done"] == 1
+    assert os.path.islink(os.path.join(out, "current"))  # migrated to the current layout
+    assert not any(n.startswith(".replaced.") for n in os.listdir(tmp_path))
     (tmp_path / "empty").mkdir()  # an empty directory is fine
     assert cli.main(TRAIN + ["--epochs", "1", "--out", str(tmp_path / "empty")]) == 0

@@ -42,7 +42,7 @@ from d2l_transformer.inference.export import ExportError, export
 from d2l_transformer.inference.export.ctranslate2 import decoding_options
 from d2l_transformer.inference.limits import BANNED, EXTRA_LENGTH, SentenceError
 from d2l_transformer.inference.translator import ALPHA
-from d2l_transformer.io import lock
+from d2l_transformer.io import atomic, lock
 from d2l_transformer.io.manifest import check_manifest
 from d2l_transformer.training.run import train_model
 
@@ -190,7 +190,8 @@ def test_the_readme_translates_like_the_package_without_it(trained):
     files = {"model.bin", "config.json", "source_vocabulary.json", "target_vocabulary.json",
              "README.md"} | ({"spm_src.model", "spm_tgt.model"} if t["kind"] == "subword" else set())
     manifest = check_manifest(str(out))
-    assert set(manifest["files"]) == files and set(os.listdir(out)) == files | {"manifest.json"}
+    assert set(manifest["files"]) == files and set(os.listdir(out / "current")) == files | {
+        "manifest.json"}
     assert manifest["special_tokens"] == {"<unk>": 0, "<pad>": 1, "<bos>": 2, "<eos>": 3}
     config = json.loads((out / "config.json").read_text())
     assert (config["unk_token"], config["bos_token"], config["eos_token"],
@@ -338,22 +339,26 @@ def test_the_cli_and_evaluate_give_the_same_greedy_output_from_both_engines(smal
 
 
 def _version(path):
-    return os.path.realpath(path)
+    return atomic.resolve_dir(path)
 
 
-def test_the_export_is_made_once_kept_beside_the_model_and_rebuilt_when_it_changes(small,
-                                                                                   tmp_path):
+def test_the_export_is_made_once_kept_in_the_model_directory_and_rebuilt_when_it_changes(
+        small, tmp_path):
     import shutil
 
     model_dir = str(tmp_path / "model")
-    shutil.copytree(small[0], model_dir, symlinks=False)  # a plain directory: saved anew below
-    kept = tmp_path / ".model.ctranslate2"
+    shutil.copytree(small[0], model_dir, symlinks=False)  # a copy that followed the links
+    kept = tmp_path / "model" / "ctranslate2"  # inside the model directory: copied with it
     first = CTranslate2Engine(model_dir)
     manifest = check_manifest(str(kept))
     key = hashlib.sha256((tmp_path / "model" / "manifest.json").read_bytes()).hexdigest()
     assert manifest["model_manifest_sha256"] == key and manifest["quantization"] == "float32"
     assert first.directory == _version(kept)
     assert CTranslate2Engine(model_dir).directory == first.directory  # reused, not exported
+    # where an earlier release kept the export, beside the model: removed once it is replaced
+    old = tmp_path / "..model.ctranslate2.v-0123456789abcdef"
+    shutil.copytree(first.directory, old)
+    os.symlink(old.name, tmp_path / ".model.ctranslate2")
     # the model directory saved again (other weights): the next use exports it again
     model, src_vocab, tgt_vocab, cfg, summary = checkpoint.load(model_dir)
     for p in model.collect_params().values():
@@ -361,20 +366,28 @@ def test_the_export_is_made_once_kept_beside_the_model_and_rebuilt_when_it_chang
             p.set_data(p.data() * 0.5)
     checkpoint.save(model_dir, model, src_vocab, tgt_vocab, cfg, summary)
     again = CTranslate2Engine(model_dir)
-    assert again.directory != first.directory
+    assert again.directory != first.directory and os.listdir(tmp_path) == ["model"]
     assert check_manifest(str(kept))["model_manifest_sha256"] != key
     ours = open_engine(model_dir, "mxnet").translate(small[1][:50])
     assert [h.tokens for h in again.translate(small[1][:50])] == [h.tokens for h in ours]
     # an int8 export there (ours, but not the float32 the engine reads) is replaced
     export(model_dir, str(kept), format="ctranslate2", quantization="int8")
     assert check_manifest(CTranslate2Engine(model_dir).directory)["quantization"] == "float32"
+    # a copy of the model directory takes its export along: reused there, not exported again
+    copy, exported = tmp_path / "copy", os.readlink(kept / "current")
+    subprocess.run(["cp", "-r", model_dir, str(copy)], check=True)
+    shutil.rmtree(model_dir)
+    assert CTranslate2Engine(str(copy)).directory == _version(copy / "ctranslate2")
+    assert os.readlink(copy / "ctranslate2" / "current") == exported
+    assert check_manifest(str(copy / "ctranslate2"))["model_manifest_sha256"] == hashlib.sha256(
+        (copy / "manifest.json").read_bytes()).hexdigest()
 
 
 def test_engine_refusals_are_one_line_and_touch_nothing(small_dir, small, tmp_path, capsys,
                                                         monkeypatch):
     exact = small_dir("exact", d2t.TINY.replace(exact_chapter=True))
     good = small_dir("good", d2t.TINY)
-    theirs = tmp_path / ".good.ctranslate2"  # not ours: never replaced
+    theirs = tmp_path / "good" / "ctranslate2"  # not ours: never replaced
     theirs.mkdir()
     (theirs / "notes.txt").write_text("mine")
     capsys.readouterr()
@@ -389,10 +402,10 @@ def test_engine_refusals_are_one_line_and_touch_nothing(small_dir, small, tmp_pa
     assert err[2] == (f"error: {theirs} is not an export written by d2l-transformer; move it "
                       f"away to keep the CTranslate2 export of {good} there")
     assert os.listdir(theirs) == ["notes.txt"] and (theirs / "notes.txt").read_text() == "mine"
-    assert not os.path.lexists(tmp_path / ".exact.ctranslate2")
+    assert not os.path.lexists(tmp_path / "exact" / "ctranslate2")
     busy = small_dir("busy", d2t.TINY)  # another process exporting it: refused, not waited for
-    with lock.locked(str(tmp_path / ".busy.ctranslate2"), "exported"):
-        with pytest.raises(ExportError, match=r"\.busy\.ctranslate2 is being exported by another "
+    with lock.locked(str(tmp_path / "busy" / "ctranslate2"), "exported"):
+        with pytest.raises(ExportError, match=r"busy/ctranslate2 is being exported by another "
                                               "process"):
             CTranslate2Engine(busy)
     CTranslate2Engine(busy)  # and once it is done, exported

@@ -51,7 +51,9 @@ def test_files_manifest_and_graphs(exported):
     _, src_vocab, tgt_vocab, _, out, manifest, _ = exported
     names = {"encoder-symbol.json", "encoder-0000.params", "decoder_step-symbol.json",
              "decoder_step-0000.params", "src_vocab.json", "tgt_vocab.json", "config.json"}
-    assert names == set(manifest["files"]) and names | {"manifest.json"} == set(os.listdir(out))
+    assert names == set(manifest["files"])  # and each is a link into the version `current` names
+    assert names | {"manifest.json"} == set(os.listdir(out / "current")) == {
+        n for n in os.listdir(out) if os.path.islink(out / n) and n != "current"}
     assert manifest == json.loads((out / "manifest.json").read_text())
     for name, entry in manifest["files"].items():
         data = (out / name).read_bytes()

@@ -50,7 +50,7 @@ def _python(code, **kwargs):
 
 
 def _versions(directory):
-    return sorted(n for n in os.listdir(os.path.dirname(directory)) if n.startswith(".m.v-"))
+    return sorted(n for n in os.listdir(directory) if n.startswith("v-"))
 
 
 def _files(directory):
@@ -121,7 +121,7 @@ def test_save_failing_at_the_file_size_limit_keeps_the_previous_version(tmp_path
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     error = _failing_save(directory, preexec)
     assert error["type"] == "OSError" and "cannot write the parameters" in error["message"]
-    assert "\n" not in error["message"] and ".m.v-" in error["message"]  # one line, the file
+    assert "\n" not in error["message"] and os.path.join("m", "v-") in error["message"]  # the file
     _previous_is_whole(directory, files, versions)
 
 
@@ -130,12 +130,12 @@ def test_save_into_a_read_only_directory_keeps_the_previous_version(tmp_path, sa
         pytest.skip("running as root: directory modes do not apply (scripts/fault_injection.py "
                     "uses a read-only mount)")
     directory, files, versions = _with_version_1(tmp_path, save)
-    os.chmod(tmp_path, 0o555)
+    os.chmod(directory, 0o555)  # where a save writes its version
     try:
         error = _failing_save(directory)
     finally:
-        os.chmod(tmp_path, 0o755)
-    assert error["type"] == "PermissionError" and ".m.v-" in error["message"]
+        os.chmod(directory, 0o755)
+    assert error["type"] == "PermissionError" and os.path.join("m", "v-") in error["message"]
     _previous_is_whole(directory, files, versions)
 
 

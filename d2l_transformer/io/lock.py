@@ -1,10 +1,12 @@
 """One writer per model directory: an OS advisory lock held while a run trains it.
 
 The lock is ``fcntl.flock`` on ``.NAME.lock`` beside the model directory ``NAME`` (in its
-parent, with the save's other siblings). The operating system releases it when the process
-ends, however it ends, so a killed run never leaves a stale lock; the file holds the pid of its
-holder, for the refusal's message, and is removed by the holder when it is done. A file of that
-name the package did not write is never overwritten: it is refused.
+parent: it exists only while the run trains, and it is no part of the model, so that a copy of
+the directory never takes one along; it can be taken before the directory exists). The
+operating system releases it when the process ends, however it ends, so a killed run never
+leaves a stale lock; the file holds the pid of its holder, for the refusal's message, and is
+removed by the holder when it is done. A file of that name the package did not write is never
+overwritten: it is refused.
 
 POSIX only (``fcntl``): on Windows `locked` takes no lock, and two runs into one directory are
 the user's to avoid.
@@ -13,6 +15,8 @@ the user's to avoid.
 import contextlib
 import os
 import re
+
+from . import atomic
 
 try:
     import fcntl
@@ -43,12 +47,13 @@ def _holder(fd):
 def locked(directory, what="written"):
     """Hold the lock of `directory` for the ``with`` block, else raise `Locked` at once (no
     waiting): "DIRECTORY is being WHAT by another process (pid N)". Creates the parent
-    directory if it is missing."""
+    directory if it is missing (`atomic.makedirs`: a model directory whose migration was
+    interrupted is put back first)."""
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
     path = lock_path(directory)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic.makedirs(os.path.dirname(path))
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

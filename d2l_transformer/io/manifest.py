@@ -83,6 +83,15 @@ def entries_of(manifest):
     return manifest["files"] if "format" in manifest else manifest
 
 
+def listed_files(directory):
+    """The names of the files the manifest of `directory` lists, and the manifest's own: what
+    this package wrote there (empty when it has no manifest of either layout)."""
+    try:
+        return {*entries_of(read_manifest(directory)), MANIFEST}
+    except (ManifestError, KeyError, TypeError):
+        return set()
+
+
 def check_manifest(directory):
     """Check every file the manifest of `directory` lists (either layout); returns the
     manifest. ManifestError names the first missing, damaged or truncated file."""

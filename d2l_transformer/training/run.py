@@ -397,7 +397,7 @@ class _Run:
         """``OUT`` with the trainer's states (a replaced run's OUT/best, OUT/average dropped)."""
         checkpoint.save(self.out_dir, self.model, self.src_vocab, self.tgt_vocab, self.cfg,
                         self.summary, self.trainer, self.tokenizer,
-                        keep=SUBMODELS if self.carry else ())
+                        drop=() if self.carry else SUBMODELS)
         self.carry = True
 
     def save_sub(self, name, **extra):

@@ -12,15 +12,25 @@ existing `out_dir` is replaced only when it is an export written here (or empty)
 is refused in one line and left untouched.
 
 `kept_export(model_dir)` is the float32 CTranslate2 export that ``--engine ctranslate2`` reads
-(`inference.engines`): made on first use, kept beside the model directory as the hidden sibling
-``.NAME.ctranslate2``, reused while it was made from the model directory's current version (the
-SHA-256 of its ``manifest.json``, recorded in the export's manifest) and rebuilt otherwise.
+(`inference.engines`): made on first use, kept inside the model directory as ``ctranslate2/``
+(so that it moves and is copied with the model), reused while it was made from the model
+directory's current version (the SHA-256 of its ``manifest.json``, recorded in the export's
+manifest) and rebuilt otherwise. An earlier release kept it beside the model directory as the
+hidden sibling ``.NAME.ctranslate2``: that one is removed once the new one is made.
 """
 
+import contextlib
 import os
 
 from ...io import atomic, lock
-from ...io.manifest import MANIFEST, ManifestError, build_manifest, check_manifest, read_manifest
+from ...io.manifest import (
+    MANIFEST,
+    ManifestError,
+    build_manifest,
+    check_manifest,
+    listed_files,
+    read_manifest,
+)
 from . import ctranslate2 as _ct2
 from . import mxnet as _mxnet
 from .source import ExportError, read_config, read_model_dir
@@ -29,7 +39,8 @@ FORMATS = ("mxnet", "ctranslate2")
 DEFAULT_FORMAT = "mxnet"  # what `export` wrote before there was a choice (docs/export.md)
 EXPORT_FORMATS = (_mxnet.FORMAT, _ct2.FORMAT)  # the manifests' "format"
 
-KEPT_SUFFIX = ".ctranslate2"  # the kept export of model directory NAME: .NAME.ctranslate2
+KEPT_NAME = "ctranslate2"  # the kept export of model directory NAME: NAME/ctranslate2
+OLD_KEPT_SUFFIX = ".ctranslate2"  # where an earlier release kept it: .NAME.ctranslate2 beside NAME
 
 __all__ = ["DEFAULT_FORMAT", "FORMATS", "ExportError", "export", "is_export", "kept_export"]
 
@@ -85,14 +96,24 @@ def export(model_dir, out_dir, ctx=None, *, format=DEFAULT_FORMAT, quantization=
             extra = _mxnet.write(source, tmp, ctx)
         written["manifest"] = build_manifest(tmp, extra)
 
-    atomic.write_dir(out_dir, fill, replaceable=is_export)  # never anything but an export
+    atomic.write_dir(out_dir, fill, replaceable=is_export,  # never anything but an export
+                     owned=listed_files)
     return written["manifest"]
 
 
 def kept_path(model_dir):
-    """Where `kept_export` keeps the export of `model_dir`: ``.NAME.ctranslate2`` beside it."""
+    """Where `kept_export` keeps the export of `model_dir`: ``NAME/ctranslate2`` inside it."""
+    return os.path.join(os.path.abspath(model_dir), KEPT_NAME)
+
+
+def _remove_old_kept(model_dir):
+    """Remove the export an earlier release kept beside `model_dir` (``.NAME.ctranslate2``),
+    when it is one this package wrote (where the parent cannot be written, it stays)."""
     parent, base = os.path.split(os.path.abspath(model_dir).rstrip(os.sep))
-    return os.path.join(parent, f".{base}{KEPT_SUFFIX}")
+    old = os.path.join(parent, f".{base}{OLD_KEPT_SUFFIX}")
+    if os.path.lexists(old) and is_export(old):
+        with contextlib.suppress(OSError):
+            atomic.remove_dir(old)
 
 
 def _current(path, key):
@@ -112,9 +133,9 @@ def _current(path, key):
 
 def kept_export(model_dir):
     """``(export directory, its manifest)``: the float32 CTranslate2 export of `model_dir`,
-    exported now unless the one kept beside it (`kept_path`) was made from the directory's
+    exported now unless the one kept in it (`kept_path`) was made from the directory's
     current version. ExportError (one line) for a model CTranslate2 cannot run, a missing
-    ``ctranslate2`` package, a ``.NAME.ctranslate2`` that is not an export (never replaced) or
+    ``ctranslate2`` package, a ``NAME/ctranslate2`` that is not an export (never replaced) or
     cannot be written, or another process exporting it at that moment (`io.lock`)."""
     _ct2.import_ctranslate2("--engine ctranslate2")
     directory, cfg = read_config(model_dir, "--engine ctranslate2")  # one version
@@ -131,6 +152,7 @@ def kept_export(model_dir):
                 return kept
             atomic.check_replaceable(path, is_export)
             export(directory, path, format="ctranslate2")  # the version read above
+            _remove_old_kept(model_dir)
     except lock.Locked as e:
         raise ExportError(str(e)) from None
     except atomic.NotReplaceable:

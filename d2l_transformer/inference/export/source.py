@@ -3,9 +3,9 @@ vocabularies, config, summary and tokenizer files, all from ONE version of the d
 what both formats' manifests say of them: the model's own tokenization (`tokens_manifest`) and
 the package's decoding rules (`decoding_rules`, `inference.limits`).
 
-A model directory is a link to a versioned sibling (`io.atomic.write_dir`); the version is
-resolved once (``os.path.realpath``) and everything is read from it, so an export made while
-training saves the next epoch still describes one model.
+A model directory holds versions and a link ``current`` to one (`io.atomic.write_dir`); the
+version is resolved once (`io.atomic.resolve_dir`) and everything is read from it, so an export
+made while training saves the next epoch still describes one model.
 """
 
 import collections
