@@ -13,7 +13,7 @@ class TrainGraph(gluon.HybridBlock):
     """Fast path: the encoder, the decoder's call on a fresh state and the loss as ONE graph.
 
     Holds the model's own encoder and decoder (no copied model code); returns the (batch,) loss.
-    The fused kernels are put in place while it traces (`fused.run`).
+    The fused kernels are put in place while it traces (`fused.FastGraph`).
     """
 
     def __init__(self, model, loss=None, **kwargs):
@@ -46,11 +46,12 @@ def _imperative_step(model, trainer, loss, clip_per_token=False):
 
 
 def _graph(model, loss):
-    """The hybridized `TrainGraph` with the kernels in place, traced again when a block in it
-    changes (`_graphs`: DropHead rate, pruning)."""
+    """The hybridized `TrainGraph` with the kernels in place (`fused.FastGraph`), traced again
+    when a block in it changes (`_graphs`: DropHead rate, pruning). The step that calls it is
+    its only holder: dropping the step frees the graph, its copy and their buffers."""
     graph = _graphs.track(TrainGraph(model, loss))
     graph.hybridize(static_alloc=True, static_shape=True)
-    return graph
+    return fused.FastGraph(graph)
 
 
 def _fast_step(model, trainer, loss, clip_per_token=False):
@@ -66,7 +67,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
         with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
-            l = fused.run(graph, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
         l.backward()
         num_tokens = step_size(loss, Y_vlen)
         if not update:
@@ -109,8 +110,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
         with autograd.record(), kernels.fused(used):
-            losses = [fused.run(graph, *part) if fast else graph(*part)
-                      for part in zip(*parts)]  # (batch_i,) per device
+            losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device
         autograd.backward(losses)
         for c in ctxs[len(used):]:  # devices without data add nothing to the sum
             for p in params:
