@@ -4,6 +4,8 @@ hybridized graph (`TrainGraph`), and data-parallel over several devices or worke
 from mxnet import autograd, gluon
 
 from .. import _graphs, kernels
+from ..seq2seq import Seq2SeqDecoder, Seq2SeqEncoder
+from ..seq2seq_attention import Seq2SeqAttentionDecoder
 from . import fused
 from .loss import MaskedSoftmaxCELoss, step_size
 from .optim import CLIP_THETA, ClipAdam, clip_global, clip_threshold, grad_clipping
@@ -27,6 +29,28 @@ class TrainGraph(gluon.HybridBlock):
         state = self.decoder.init_state(enc_outputs, X_vlen)
         Y_hat, _ = self.decoder(Y_input, state)  # (batch, num_steps - 1, vocab)
         return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+
+
+def traceable(model_or_cfg):
+    """Whether `TrainGraph` can trace the model (the fast path), given built or as its config:
+    the Transformer's (the chapter's, its exact runs' and its variants'), not the 2019 book's
+    seq2seq models (8.14, 9.2), whose LSTM encoder reads the valid lengths on the host and whose
+    9.2 decoder steps through time in Python. The one rule: `train_s2s_ch8` trains a model it
+    cannot trace on the imperative step, and `training.run` asks it of a config."""
+    if hasattr(model_or_cfg, "architecture"):  # a TransformerConfig: what `build_model` builds
+        return model_or_cfg.architecture == "transformer"
+    return not (isinstance(model_or_cfg.encoder, Seq2SeqEncoder) or isinstance(
+        model_or_cfg.decoder, (Seq2SeqDecoder, Seq2SeqAttentionDecoder)))
+
+
+def output_layer_width(decoder):
+    """The width of the rows the output layer ``decoder.dense`` multiplies (its in_units, which
+    Gluon knows only after the deferred initialisation): the Transformer's ``embedding_size``;
+    an LSTM decoder's units (8.14, 9.2: the LSTM's outputs feed it), from its state's shape."""
+    lstm = getattr(decoder, "rnn", None)
+    if lstm is None:
+        return decoder.embedding_size
+    return lstm.state_info()[0]["shape"][-1]  # H of [H, C]: (layers, batch, units)
 
 
 def _imperative_step(model, trainer, loss, clip_per_token=False):
