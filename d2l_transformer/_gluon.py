@@ -32,9 +32,12 @@ def copy_block(block, cls, new_children):
     """A new block of class `cls` (`block`'s class or a subclass) with `block`'s state — its
     Parameter objects shared — and its children `new_children` (``{name: child}``, the names
     of `children(block)`): attributes that held a replaced child hold its replacement. The
-    copy's graph is its own, traced at its first call; `block` is not changed."""
+    copy's graph is its own, traced at its first call; `block` is not changed. The copy holds
+    no reference to `block` (its name scope, ``Block._scope``, is its own), so a cache keyed
+    by `block` may keep the copy without keeping `block` alive."""
     copy = cls.__new__(cls)
     copy.__dict__.update(block.__dict__)  # a Block's whole state (``Block.__init__``'s fields)
+    copy.__dict__["_scope"] = type(block._scope)(copy)  # ``_BlockScope(self)``: holds its block
     swap = {id(block._children[n]): c for n, c in new_children.items()}
     for name, value in block.__dict__.items():
         if id(value) in swap:  # self.attention = ... -> the replacement

@@ -52,7 +52,10 @@ def test_bad_combinations_are_one_line(call, message):
 @pytest.mark.parametrize("exact", [False, True])
 def test_the_switches_come_from_the_config(exact):
     """Exact runs keep 8.14's and 9.1's flaws (`config.EXACT_BUGS`), the default none; only
-    the chapter's loop decodes either model."""
+    the chapter's loop decodes either model, and only the imperative step trains them (the
+    graph cannot trace them: `steps.traceable`, of a config or a model)."""
+    from d2l_transformer.training.steps import traceable
+
     cfg = SECTIONS["attention"].replace(exact_chapter=exact)
     model = build_model(cfg, 12, 14)
     assert type(model.encoder) is Seq2SeqEncoder and type(model.decoder) is Seq2SeqAttentionDecoder
@@ -62,6 +65,9 @@ def test_the_switches_come_from_the_config(exact):
     assert chapter_only(cfg) and chapter_only(model) and cfg.imperative_only
     seq2seq = build_model(SECTIONS["seq2seq"].replace(exact_chapter=exact), 12, 14)
     assert seq2seq.decoder.dense.weight.shape[0] == 14  # the target's vocabulary
+    assert not any(traceable(x) for x in (cfg, model, SECTIONS["seq2seq"], seq2seq))
+    transformer = cfg.replace(architecture="transformer")
+    assert traceable(transformer) and traceable(build_model(transformer, 12, 14))
 
 
 @pytest.mark.parametrize("preset, threads", [("chapter", 1), ("full", "cores")])
@@ -81,15 +87,38 @@ def test_seq2seq_threads_follow_the_output_layer(preset, threads, monkeypatch):
     model = build_model(cfg, vocab, vocab)
     X = mx.np.ones((cfg.batch_size, cfg.num_steps))
     vlen = mx.np.full((cfg.batch_size,), cfg.num_steps)
-    for exact in (False, True):
-        train_s2s_ch8(model, [(X, vlen, X, vlen)], cfg.lr, 1, mx.cpu(), size_threads=not exact,
-                      output_width=cfg.output_width)
+    for exact in (False, True):  # the width from the model itself: its LSTM units
+        train_s2s_ch8(model, [(X, vlen, X, vlen)], cfg.lr, 1, mx.cpu(), size_threads=not exact)
     assert works == [cfg.batch_size * (cfg.num_steps - 1) * cfg.rnn_hidden_size * vocab]
     monkeypatch.setitem(_threads._state, "managed", True)
     monkeypatch.delenv(_threads.ENV, raising=False)
     monkeypatch.delenv(_threads.MAX_ENV, raising=False)
     expected = _threads.physical_cores() if threads == "cores" else threads
     assert _threads.threads_for(works[0]) == expected
+
+
+@pytest.mark.parametrize("architecture", ["seq2seq", "attention"])
+def test_the_librarys_loop_trains_the_seq2seq_models(architecture):
+    """`train_s2s_ch8` trains the book's seq2seq models as built: the loss falls, and
+    ``fast=True`` trains them on the imperative step (`steps.traceable`: the graph cannot trace
+    an LSTM encoder that reads the lengths on the host), the same losses to the bit."""
+    import mxnet as mx
+
+    from d2l_transformer.data import load_data_nmt
+    from d2l_transformer.training.loop import set_seed, train_s2s_ch8
+
+    cfg = preset_config("tiny", "0.11", architecture)
+    src_vocab, tgt_vocab, data_iter = load_data_nmt(cfg.batch_size, cfg.num_steps, 100)
+    runs = []
+    for fast in (False, True):
+        set_seed(0)
+        model = build_model(cfg, len(src_vocab), len(tgt_vocab))
+        runs.append([])
+        summary = train_s2s_ch8(model, data_iter, cfg.lr, 3, mx.cpu(), fast=fast,
+                                on_epoch=lambda epoch, loss: runs[-1].append(loss))
+        assert summary["fast"] is False  # the step that ran: the imperative one
+    assert all(0 < loss < 10 for loss in runs[0]) and runs[0][2] < runs[0][1] < runs[0][0]
+    assert runs[1] == runs[0]
 
 
 @pytest.fixture(scope="module")

@@ -249,14 +249,14 @@ def test_cached_uncached_batched_greedy_identical(data):
 @pytest.mark.parametrize("where", ["no kernels scope", "gpu graph", "kernels switched off"])
 def test_masked_softmax_in_graph_equals_imperative(where, monkeypatch):
     """The fast path's graph attention (one softmax(length=...), sqrt(d) a Python float:
-    `GraphDotProductAttention`) is in every graph `run` traces without the attention kernel —
+    `GraphDotProductAttention`) is in every graph a `FastGraph` traces without the attention kernel —
     outside `kernels.fused`, a GPU graph, the kernels switched off — on purpose, and gives the
     chapter's -1e6-fill attention: valid lengths of both shapes, causal with and without kept
     positions."""
     from d2l_transformer import kernels
     from d2l_transformer._gluon import graph_json
     from d2l_transformer.model import causal_valid_length
-    from d2l_transformer.training.fused import GraphDotProductAttention, run, traced
+    from d2l_transformer.training.fused import FastGraph, GraphDotProductAttention
 
     scope = {"no kernels scope": None, "gpu graph": mx.gpu(0), "kernels switched off": CTX}[where]
     if where == "kernels switched off":
@@ -269,14 +269,15 @@ def test_masked_softmax_in_graph_equals_imperative(where, monkeypatch):
         args = (X, K, K) if valid_length is None else (X, K, K, valid_length)
         expected = attention(*args).asnumpy()
         attention.hybridize()
+        fast = FastGraph(attention)
         if scope is None:
-            got = run(attention, *args)
+            got = fast(*args)
         else:
             with kernels.fused(scope):
                 assert not kernels.active()
-                got = run(attention, *args)
-        graph = graph_json(traced(attention))
-        assert type(traced(attention).attention) is GraphDotProductAttention
+                got = fast(*args)
+        graph = graph_json(fast.traced)
+        assert type(fast.traced.attention) is GraphDotProductAttention
         assert "shape_array" not in graph and "d2t_" not in graph  # sqrt(d) a float; no kernel
         assert ('"use_length": "True"' in graph) == (valid_length is not None), graph
         assert type(attention.attention) is d2t.DotProductAttention  # the class it was built with

@@ -19,7 +19,7 @@ from d2l_transformer._gluon import graph_json
 from d2l_transformer.attention import MultiHeadAttention
 from d2l_transformer.layers import AddNorm
 from d2l_transformer.model import causal_valid_length
-from d2l_transformer.training.fused import run, traced
+from d2l_transformer.training.fused import FastGraph
 
 COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")  # as kernels.build
 
@@ -48,7 +48,7 @@ class Norm(nn.HybridBlock):
 
 
 def _fused_addnorm(dropout=0.0):
-    """The chapter's AddNorm; `run` puts the fast path's kernel in place where it traces it."""
+    """The chapter's AddNorm; `FastGraph` puts the fast path's kernel in place where it traces it."""
     return AddNorm(dropout)
 
 
@@ -64,9 +64,10 @@ def _run(block, X, Y, dout, fused):
     X.attach_grad()
     Y.attach_grad()
     with autograd.record(), kernels.fused(mx.cpu() if fused else mx.gpu(0)):
-        out = run(block, X, Y)
+        fast = FastGraph(block)
+        out = fast(X, Y)
     out.backward(dout)
-    graph = graph_json(traced(block))
+    graph = graph_json(fast.traced)
     return [out, X.grad, Y.grad, block.norm.gamma.grad(), block.norm.beta.grad()], graph
 
 
@@ -102,7 +103,7 @@ def test_not_fused_outside_the_scope_on_gpu_and_imperative():
     addnorm = _fused_addnorm()
     addnorm.initialize(ctx=mx.cpu())
     with kernels.fused(mx.cpu()):  # imperative calls never use the kernels
-        out = run(addnorm, X, Y)
+        out = FastGraph(addnorm)(X, Y)
     assert type(addnorm) is AddNorm  # after the call, the class it was built with
     ref = nn.LayerNorm()
     ref.initialize(ctx=mx.cpu())
@@ -115,7 +116,7 @@ def test_shape_mismatch_is_an_error():
     block.initialize(ctx=mx.cpu())
     block.hybridize()
     with kernels.fused(mx.cpu()), pytest.raises((mx.MXNetError, ValueError), match="same shape"):
-        run(block, np.ones((2, 3, 32)), np.ones((2, 4, 32)))
+        FastGraph(block)(np.ones((2, 3, 32)), np.ones((2, 4, 32)))
 
 
 def _python(code, **env):
@@ -132,12 +133,12 @@ def test_disabled_or_unbuildable_falls_back_with_one_line(tmp_path):
     # and gives nn.LayerNorm's numbers
     code += ("\nimport mxnet as mx\nfrom mxnet import np\nfrom mxnet.gluon import nn\n"
              "from d2l_transformer.layers import AddNorm\n"
-             "from d2l_transformer.training.fused import run, traced\n"
+             "from d2l_transformer.training.fused import FastGraph\n"
              "from d2l_transformer._gluon import graph_json\n"
              "X = np.arange(24, dtype='float32').reshape(2, 3, 4) ** 1.5\n"
              "ours, ref = AddNorm(0.0), nn.LayerNorm()\nours.initialize(); ref.initialize()\n"
-             "ours.hybridize()\nwith kernels.fused(mx.cpu()):\n    got = run(ours, X, X)\n"
-             "graph = graph_json(traced(ours))\n"
+             "ours.hybridize()\nfast = FastGraph(ours)\nwith kernels.fused(mx.cpu()):\n"
+             "    got = fast(X, X)\ngraph = graph_json(fast.traced)\n"
              "print('mxnet op', 'LayerNorm' in graph and 'd2t_' not in graph)\n"
              "print('max diff', float(abs(got - ref(X + X)).max()))")
     broken = _python(code, CXX="/bin/false", D2L_TRANSFORMER_CACHE=str(tmp_path))
@@ -162,11 +163,12 @@ def _attention_run(query, key, valid_length, fused, dout):
     query.attach_grad()
     key.attach_grad()
     args = (query, key, key) if valid_length is None else (query, key, key, valid_length)
+    fast = FastGraph(attention)
     with autograd.record(), kernels.fused(mx.cpu()):
-        out = run(attention, *args) if fused else attention(*args)
+        out = fast(*args) if fused else attention(*args)
     out.backward(dout)
     if fused:
-        assert "d2t_attention" in graph_json(traced(attention))
+        assert "d2t_attention" in graph_json(fast.traced)
         assert type(attention) is MultiHeadAttention  # the kernel is in the copy, not the object
     return [out, query.grad, key.grad] + [p.grad() for p in attention.collect_params().values()]
 
@@ -292,13 +294,14 @@ def test_attention_dropout_inactive_at_inference():
     attention.initialize(mx.init.Xavier(), ctx=mx.cpu())
     expected = attention(query, query, query, valid_length)  # imperative, not training
     attention.hybridize(static_alloc=True, static_shape=True)
+    fast = FastGraph(attention)
     with kernels.fused(mx.cpu()):
-        got = run(attention, query, query, query, valid_length)
+        got = fast(query, query, query, valid_length)
         with autograd.record(train_mode=False):
-            got_recorded = run(attention, query, query, query, valid_length)
+            got_recorded = fast(query, query, query, valid_length)
         with autograd.record():
-            trained = run(attention, query, query, query, valid_length)
-    assert "d2t_attention" in graph_json(traced(attention))
+            trained = fast(query, query, query, valid_length)
+    assert "d2t_attention" in graph_json(fast.traced)
     for out in (got, got_recorded):
         onp.testing.assert_allclose(out.asnumpy(), expected.asnumpy(), atol=2e-6, rtol=1e-5)
     assert float(abs(trained - expected).max()) > 1e-2
@@ -358,11 +361,12 @@ def test_addnorm_dropout_fused_in_graphs_and_inactive_at_inference():
     addnorm.initialize(ctx=mx.cpu())
     expected = addnorm(X, Y)  # imperative, not training: no dropout
     addnorm.hybridize(static_alloc=True, static_shape=True)
+    fast = FastGraph(addnorm)
     with kernels.fused(mx.cpu()):
-        got = run(addnorm, X, Y)
+        got = fast(X, Y)
         with autograd.record():
-            trained = run(addnorm, X, Y)
-    nodes = json.loads(graph_json(traced(addnorm)))["nodes"]
+            trained = fast(X, Y)
+    nodes = json.loads(graph_json(fast.traced))["nodes"]
     ops = [n["op"] for n in nodes]
     assert ops.count("d2t_add_layer_norm") == 1 and ops.count("Dropout") == 1  # the train flag's
     dropout_input = [n for n in nodes if n["op"] == "Dropout"][0]["inputs"][0][0]
@@ -479,9 +483,10 @@ def test_fast_full_step_equals_the_imperative_step():
         graph = TrainGraph(model, MaskedSoftmaxCELoss(0.1, reduction="token"))
         graph.hybridize(static_alloc=True, static_shape=True)
         X, X_vlen, Y, Y_vlen = batches[0]
+        fast = FastGraph(graph)
         with autograd.record(), kernels.fused(mx.cpu()):
-            run(graph, X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
-        ops = [node["op"] for node in json.loads(graph_json(traced(graph)))["nodes"]]
+            fast(X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)
+        ops = [node["op"] for node in json.loads(graph_json(fast.traced))["nodes"]]
         assert {"d2t_attention", "d2t_add_layer_norm", "d2t_softmax_ce"} <= set(ops)
         assert "log_softmax" not in ops and "batch_dot" not in ops
         assert ("Dropout" in ops) == (dropout > 0)

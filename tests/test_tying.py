@@ -26,7 +26,7 @@ from d2l_transformer.data import heldout_nmt
 from d2l_transformer.data.split import load_data_split, split_corpus
 from d2l_transformer.data.tokenize import SubwordTokenizer
 from d2l_transformer.inference.export import export
-from d2l_transformer.training import fused, run, steps
+from d2l_transformer.training import run, steps
 from d2l_transformer.training.optim import make_trainer
 
 CTX = mx.cpu()
@@ -122,7 +122,7 @@ def _loss_and_grads(model, batch, graph):
     if graph:
         g = steps._graph(model, loss)
         with autograd.record(), kernels.fused(CTX):
-            l = fused.run(g, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l = g(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
     else:
         with autograd.record():
             l = loss(model(X, Y_input, X_vlen)[0], Y_label, Y_vlen)  # (batch,)

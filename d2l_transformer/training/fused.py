@@ -1,7 +1,9 @@
-"""The fast path's one seam: `run(graph, ...)` puts the fused CPU kernels (`kernels/`) in place.
+"""The fast path's one seam: `FastGraph(graph)` puts the fused CPU kernels (`kernels/`) in place.
 
-`run` calls a graph's own copy (`_mirror`): the chapter's `MultiHeadAttention`, `AddNorm` and
-`DotProductAttention` blocks in it, and the loss, become new blocks of subclasses that run a
+A `FastGraph` calls its graph's own copy (`_mirror`), which it keeps: whoever keeps the
+`FastGraph` (the fast training step) keeps the copy and its traced graph, and dropping it drops
+them; nothing else holds them. In the copy, the chapter's `MultiHeadAttention`, `AddNorm` and
+`DotProductAttention` blocks, and the loss, become new blocks of subclasses that run a
 kernel where a graph traced inside ``kernels.fused(ctx)`` on a CPU computes the same function,
 and the chapter's own code everywhere else (imperative calls, GPU contexts, kernels switched
 off; in graphs, the attention's one exception below), sharing the caller's parameters. The
@@ -20,7 +22,6 @@ Variants' blocks (other subclasses) are left as they are: MXNet's operators.
 """
 
 import math
-import weakref
 from collections import OrderedDict
 
 import mxnet as mx
@@ -42,12 +43,12 @@ class GraphDotProductAttention(DotProductAttention):
     that give the same values"); imperatively, the chapter's code.
 
     It does not ask `_kernels_on`, on purpose: it calls no kernel, only MXNet's operators, so
-    it is the fast path's attention in every graph `run` traces — CPU or GPU, kernels on or
-    off (with them on, `FusedMultiHeadAttention` replaces it where the kernel applies). The
+    it is the fast path's attention in every graph a `FastGraph` traces — CPU or GPU, kernels
+    on or off (with them on, `FusedMultiHeadAttention` replaces it where the kernel applies). The
     chapter's form traced in a graph reads sqrt(d) from the shape and masks with ``where`` and
     ``full_like``, whose broadcasting backward passes cost more than the softmax; the fast path
     promises the chapter's values to float rounding only (tests/test_fast.py), and the exact
-    runs never call `run`."""
+    runs never use a `FastGraph`."""
 
     sqrt_d = None  # set by `_mirror` from the attention holding this block
 
@@ -105,9 +106,6 @@ _FUSED = {MultiHeadAttention: FusedMultiHeadAttention, AddNorm: FusedAddNorm,
           MaskedSoftmaxCELoss: FusedMaskedSoftmaxCELoss}
 
 
-_MIRRORS = weakref.WeakKeyDictionary()  # graph -> (the graph `run` calls, the kernels' mode)
-
-
 def _mirror(block, memo):
     """The fast graph's own copy of `block`: `block` itself where nothing under it is fused;
     else a new block of its fused class (or its own) with `block`'s state and parameters (the
@@ -130,22 +128,26 @@ def _mirror(block, memo):
     return copy
 
 
-def traced(graph):
-    """The graph `run` calls for `graph`: its mirror with the kernels (or `graph` itself when
-    nothing in it is fused), or None before the first `run`."""
-    return _MIRRORS.get(graph, (None, None))[0]
+class FastGraph:
+    """``FastGraph(graph)(*args)`` is ``graph(*args)`` on the graph's own blocks (`_mirror`):
+    the chapter's blocks in it fused, sharing `graph`'s parameters; the copy is made at the
+    first call and again when the kernels were switched since its trace
+    (``D2L_TRANSFORMER_KERNELS``, a CPU or GPU context) or a block changed
+    (`_graphs.invalidate`). A graph not hybridized runs the chapter's code. ``traced`` is the
+    graph called: the copy with the kernels (`graph` itself when nothing in it is fused), None
+    before the first call. The copy is this object's alone (no cache keyed by `graph` holds
+    it): dropping the `FastGraph` and `graph` frees both, their traced graphs and buffers."""
 
+    def __init__(self, graph):
+        self.graph = graph
+        self.traced = None
+        self._mode = None  # the kernels' mode `traced` was made with
 
-def run(graph, *args):
-    """``graph(*args)`` on the fast graph's own blocks (`_mirror`): the chapter's blocks in it
-    fused, sharing `graph`'s parameters; made again when the kernels were switched since its
-    trace (``D2L_TRANSFORMER_KERNELS``, a CPU or GPU context) or a block changed
-    (`_graphs.invalidate`). A graph not hybridized runs the chapter's code."""
-    mode = kernels.active()
-    mirror, traced_with = _MIRRORS.get(graph, (None, None))
-    if mirror is None or traced_with != mode or not _gluon.has_graph(mirror):
-        mirror = _mirror(graph, {})
-        if mirror is not graph:
-            _graphs.track_copy(mirror, graph)
-        _MIRRORS[graph] = (mirror, mode)
-    return mirror(*args)
+    def __call__(self, *args):
+        mode = kernels.active()
+        if self.traced is None or self._mode != mode or not _gluon.has_graph(self.traced):
+            self.traced = _mirror(self.graph, {})
+            if self.traced is not self.graph:
+                _graphs.track_copy(self.traced, self.graph)  # weakly: nothing kept alive
+            self._mode = mode
+        return self.traced(*args)

@@ -12,7 +12,7 @@ from .._runtime import threads as _threads
 from ..distributed.kvstore import GlobalSum, is_distributed
 from .loss import MaskedSoftmaxCELoss
 from .optim import make_trainer
-from .steps import _fast_step, _imperative_step, _parallel_step
+from .steps import _fast_step, _imperative_step, _parallel_step, output_layer_width, traceable
 
 
 def set_seed(seed):
@@ -90,16 +90,19 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     finite raises FloatingPointError at the end of its epoch, before ``on_epoch``;
     on a CPU the graph's LayerNorms and attention cores are the fused kernels of `kernels`
     (same function; MXNet's operators when they cannot be built). It needs the corrected model
-    (the graph call raises in exact mode). The loop below is
-    shared: only the step function (chosen once, `_choose_step`) differs.
+    (the graph call raises in exact mode). A model the graph cannot trace (`steps.traceable`:
+    the 2019 book's seq2seq models) trains on the imperative step with ``fast=True`` too; the
+    summary's ``fast`` says which ran. The loop below is shared: only the step function
+    (chosen once, `_choose_step`) differs.
 
     ``size_threads=False`` keeps the process's OpenMP thread count (``OMP_NUM_THREADS``, one
     unless set) instead of sizing it to the work (`_runtime.threads`): what the chapter's own code runs
     with, whose float rounding an exact run must repeat. The work is the output layer's
     products: ``work``, the run's (`_runtime.threads.run_work`: `train_model` gives it, the
     number that also settled oneDNN's cap), else each epoch's first batch's rows x
-    ``output_width`` x vocabulary, the width by default the decoder's ``embedding_size`` (the
-    Transformer's; a seq2seq model's is its LSTMs' units).
+    ``output_width`` x vocabulary, the width by default the model's own
+    (`steps.output_layer_width`: the Transformer's ``embedding_size``, a seq2seq model's LSTM
+    units).
 
     ``clip_per_token=True`` (not in the chapter) clips the gradient of the MEAN loss per target
     token to norm 1, as fairseq's and PyTorch's recipes do, instead of the chapter's gradient of
@@ -119,7 +122,9 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = data_parallel(ctxs, kvstore)
     check_one_device(getattr(loss, "reduction", None), ctxs, kvstore)
+    fast = fast and traceable(model)
     step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token)
+    width = size_threads and (output_width or output_layer_width(model.decoder))
     history = []
     health = getattr(step, "health", None)  # `ClipAdam.health` of a fast step, or None
     num_batches = len(data_iter) if hasattr(data_iter, "__len__") else None
@@ -130,8 +135,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         tic = time.time()
         *sums, done = _train_epoch(
             model, data_iter, step, ctxs, epoch, parallel=parallel, per_width=per_width,
-            thread_width=size_threads and (output_width or model.decoder.embedding_size),
-            work=work, on_batch=on_batch, report_every=report_every,
+            thread_width=width, work=work, on_batch=on_batch, report_every=report_every,
             num_batches=num_batches)
         loss_sum, ce_sum, num_tokens_sum = _epoch_totals(sums, health, global_sum, epoch, trainer)
         elapsed = time.time() - tic
@@ -148,6 +152,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
         "perplexity": math.exp(min(ce_sum / num_tokens_sum, 700)) if num_tokens_sum else float("nan"),
         "tokens_per_sec": num_tokens_sum / elapsed if num_tokens_sum else 0.0,
         "ctx": ",".join(str(c) for c in ctxs),
+        "fast": fast,
         "epochs": num_epochs,
         "history": history,
     }

@@ -25,6 +25,7 @@ from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
 from .progress import ProgressBar
+from .steps import traceable
 from .translations import book_translations, corpus_translations, edition_translations
 from .validation import (
     EarlyStopping,
@@ -178,7 +179,7 @@ class _Run:
         check_out_dir(out_dir, resume=resume, overwrite=overwrite)
         self.cfg, self.out_dir, self.seed, self.resume, self.log = cfg, out_dir, seed, resume, log
         self.ctxs = ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
-        self.fast = fast and not cfg.imperative_only  # exact runs, the seq2seq models
+        self.fast = fast and not cfg.exact_chapter and traceable(cfg)  # exact: the book's loop
         if resume and out_dir is None:
             raise RunError("resuming needs the model directory of the run")
         self.kvstore = kvstore = (create_kvstore(kvstore) if isinstance(kvstore, str) or kvstore is None
@@ -307,8 +308,8 @@ class _Run:
                 epoch_seed=self.seed * SEED_STRIDE if reseed else None,
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
                 fast=self.fast, kvstore=self.kvstore, on_batch=self.bar,
-                clip_per_token=cfg.clip_per_token, output_width=cfg.output_width,
-                size_threads=not cfg.exact_chapter, work=self.work)  # exact: the book's threads
+                clip_per_token=cfg.clip_per_token, size_threads=not cfg.exact_chapter,
+                work=self.work)  # exact: the book's code's threads
         finally:
             if self.bar is not None:
                 self.bar.close()

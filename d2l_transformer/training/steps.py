@@ -4,6 +4,8 @@ hybridized graph (`TrainGraph`), and data-parallel over several devices or worke
 from mxnet import autograd, gluon
 
 from .. import _graphs, kernels
+from ..seq2seq import Seq2SeqDecoder, Seq2SeqEncoder
+from ..seq2seq_attention import Seq2SeqAttentionDecoder
 from . import fused
 from .loss import MaskedSoftmaxCELoss, step_size
 from .optim import CLIP_THETA, ClipAdam, clip_global, clip_threshold, grad_clipping
@@ -13,7 +15,7 @@ class TrainGraph(gluon.HybridBlock):
     """Fast path: the encoder, the decoder's call on a fresh state and the loss as ONE graph.
 
     Holds the model's own encoder and decoder (no copied model code); returns the (batch,) loss.
-    The fused kernels are put in place while it traces (`fused.run`).
+    The fused kernels are put in place while it traces (`fused.FastGraph`).
     """
 
     def __init__(self, model, loss=None, **kwargs):
@@ -27,6 +29,28 @@ class TrainGraph(gluon.HybridBlock):
         state = self.decoder.init_state(enc_outputs, X_vlen)
         Y_hat, _ = self.decoder(Y_input, state)  # (batch, num_steps - 1, vocab)
         return self.loss(Y_hat, Y_label, Y_vlen)  # (batch,)
+
+
+def traceable(model_or_cfg):
+    """Whether `TrainGraph` can trace the model (the fast path), given built or as its config:
+    the Transformer's (the chapter's, its exact runs' and its variants'), not the 2019 book's
+    seq2seq models (8.14, 9.2), whose LSTM encoder reads the valid lengths on the host and whose
+    9.2 decoder steps through time in Python. The one rule: `train_s2s_ch8` trains a model it
+    cannot trace on the imperative step, and `training.run` asks it of a config."""
+    if hasattr(model_or_cfg, "architecture"):  # a TransformerConfig: what `build_model` builds
+        return model_or_cfg.architecture == "transformer"
+    return not (isinstance(model_or_cfg.encoder, Seq2SeqEncoder) or isinstance(
+        model_or_cfg.decoder, (Seq2SeqDecoder, Seq2SeqAttentionDecoder)))
+
+
+def output_layer_width(decoder):
+    """The width of the rows the output layer ``decoder.dense`` multiplies (its in_units, which
+    Gluon knows only after the deferred initialisation): the Transformer's ``embedding_size``;
+    an LSTM decoder's units (8.14, 9.2: the LSTM's outputs feed it), from its state's shape."""
+    lstm = getattr(decoder, "rnn", None)
+    if lstm is None:
+        return decoder.embedding_size
+    return lstm.state_info()[0]["shape"][-1]  # H of [H, C]: (layers, batch, units)
 
 
 def _imperative_step(model, trainer, loss, clip_per_token=False):
@@ -46,11 +70,12 @@ def _imperative_step(model, trainer, loss, clip_per_token=False):
 
 
 def _graph(model, loss):
-    """The hybridized `TrainGraph` with the kernels in place, traced again when a block in it
-    changes (`_graphs`: DropHead rate, pruning)."""
+    """The hybridized `TrainGraph` with the kernels in place (`fused.FastGraph`), traced again
+    when a block in it changes (`_graphs`: DropHead rate, pruning). The step that calls it is
+    its only holder: dropping the step frees the graph, its copy and their buffers."""
     graph = _graphs.track(TrainGraph(model, loss))
     graph.hybridize(static_alloc=True, static_shape=True)
-    return graph
+    return fused.FastGraph(graph)
 
 
 def _fast_step(model, trainer, loss, clip_per_token=False):
@@ -66,7 +91,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
         with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
-            l = fused.run(graph, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
         l.backward()
         num_tokens = step_size(loss, Y_vlen)
         if not update:
@@ -109,8 +134,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
         with autograd.record(), kernels.fused(used):
-            losses = [fused.run(graph, *part) if fast else graph(*part)
-                      for part in zip(*parts)]  # (batch_i,) per device
+            losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device
         autograd.backward(losses)
         for c in ctxs[len(used):]:  # devices without data add nothing to the sum
             for p in params:
