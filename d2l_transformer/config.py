@@ -75,13 +75,6 @@ class TransformerConfig:
         return EXACT_BUGS[self.edition if self.architecture == "transformer" else self.architecture]
 
     @property
-    def imperative_only(self):
-        """Whether this config trains on the chapter's imperative loop alone: an exact run (its
-        bugs live in the imperative code; with the book's code's threads) or a seq2seq model (its
-        encoder and 9.2's decoder step through time in Python, as the book's)."""
-        return self.exact_chapter or self.architecture != "transformer"
-
-    @property
     def variants(self):
         """``{field: value}`` of the variants this config asks for (docs/variants.md): the
         `VARIANTS` fields off the value that builds the chapter's model."""

@@ -51,8 +51,7 @@ def child(path, preset):
     sys.path.insert(0, ROOT)
     tic = time.time()
     from d2l_transformer.config import PRESETS  # the package first: its step before MXNet loads
-    from d2l_transformer.data import open_data
-    from d2l_transformer.training.run import load_data
+    from d2l_transformer.data import load_data, open_data
     stages = {"import": time.time() - tic}
     import mxnet as mx
     cfg = PRESETS[preset]

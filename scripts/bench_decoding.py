@@ -81,8 +81,8 @@ def translation_setup(s):
 
     import d2l_transformer as d2t
     from d2l_transformer import checkpoint
+    from d2l_transformer.data import load_data
     from d2l_transformer.data.split import split_corpus
-    from d2l_transformer.training.run import load_data
     model_dir = os.environ.get(MODEL_ENV)
     translation_setup.model_dir = model_dir
     if model_dir:  # --model DIR: a trained model, its own split and tokenizer

@@ -49,7 +49,7 @@ def _full_slice(s, cache_dir):
     import pickle
 
     import d2l_transformer as d2t
-    from d2l_transformer.training.run import load_data
+    from d2l_transformer.data import load_data
     cfg = s["full_cfg"]
     path = os.path.join(cache_dir, f"full_slice_{s['full_batches']}.pkl")
     if os.path.exists(path):

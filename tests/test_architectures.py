@@ -62,7 +62,7 @@ def test_the_switches_come_from_the_config(exact):
     assert model.encoder.state_after_padding is exact
     assert model.decoder.attention_cell.tanh_before_sum is exact
     assert cfg.bugs == (("state_after_padding", "tanh_before_sum") if exact else ())
-    assert chapter_only(cfg) and chapter_only(model) and cfg.imperative_only
+    assert chapter_only(cfg) and chapter_only(model) and not traceable(cfg)
     seq2seq = build_model(SECTIONS["seq2seq"].replace(exact_chapter=exact), 12, 14)
     assert seq2seq.decoder.dense.weight.shape[0] == 14  # the target's vocabulary
     assert not any(traceable(x) for x in (cfg, model, SECTIONS["seq2seq"], seq2seq))

@@ -3,7 +3,6 @@ Models"): the decoder's embedding is its output layer's weight ("target", fairse
 ``--share-decoder-input-output-embed``), and the encoder's embedding too over one joint subword
 vocabulary ("all", three-way tying). Tied once in `build.tie_embeddings` (docs/variants.md)."""
 
-import inspect
 import math
 import os
 import subprocess
@@ -26,7 +25,7 @@ from d2l_transformer.data import heldout_nmt
 from d2l_transformer.data.split import load_data_split, split_corpus
 from d2l_transformer.data.tokenize import SubwordTokenizer
 from d2l_transformer.inference.export import export
-from d2l_transformer.training import run, steps
+from d2l_transformer.training import steps
 from d2l_transformer.training.optim import make_trainer
 
 CTX = mx.cpu()
@@ -404,7 +403,6 @@ def test_mxnet_export_translates_as_the_package(trained):
 
 
 # ------------------------------------------------------------------ "all" end to end
-RUN_JOINS = "joint_vocab" in inspect.getsource(run.load_data)
 ALL_RUN = ["train", "--preset", "full", "--set", "num_examples=2000", "--set", "num_valid=100",
            "--set", "num_test=100", "--set", "vocab_size=500", "--set", "embedding_size=32",
            "--set", "ffn_hidden_size=64", "--set", "warmup_steps=10", "--set",
@@ -412,8 +410,6 @@ ALL_RUN = ["train", "--preset", "full", "--set", "num_examples=2000", "--set", "
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not RUN_JOINS, reason="training/run.py's load_data does not pass "
-                    "joint_vocab=cfg.tie_embeddings == 'all' to load_data_split yet")
 def test_all_trains_loads_translates_and_resumes(tmp_path, capsys):
     out = str(tmp_path / "all")
     assert cli.main(ALL_RUN + ["--epochs", "1", "--out", out]) == 0

@@ -1,7 +1,9 @@
 """Text to batches: where pairs come from (`sources`), the chapter's pipeline (`text`),
-tokenizers (`tokenize`), batching (`batches`), held-out splits by source sentence (`split`)."""
+tokenizers (`tokenize`), batching (`batches`), held-out splits by source sentence (`split`), and
+which of them a config's data goes through (`pipeline.load_data`)."""
 
 from .batches import ArrayBatches, BucketBatches, bucket_widths, load_array, load_bucketed, shard
+from .pipeline import load_data
 from .sources import (
     DATA_ENV,
     DataError,
