@@ -13,7 +13,10 @@ before initialisation, ``(units, 0)`` while deferred), a block and its descendan
 * one Parameter used by two blocks after both were built (`share_parameter`: weight tying,
   `build.tie_embeddings`);
 * the settings of ``nn.Dropout`` and ``nn.LayerNorm``, which they keep privately
-  (`dropout_rate`, `set_dropout_rate`, `layer_norm_eps`), for the fused kernels.
+  (`dropout_rate`, `set_dropout_rate`, `layer_norm_eps`), for the fused kernels;
+* a block's Parameters under the structural names ``save_parameters`` writes
+  (`structural_params`), whether a Parameter's initialisation is still deferred (`deferred`),
+  a Trainer's per-device updaters (`updaters`: the fused Adam's states).
 
 A new MXNet that renames one of them breaks this module only (tests/test_packaging.py checks
 that no other module reads them).
@@ -121,3 +124,21 @@ def layer_norm_eps(norm):
     """The epsilon of an ``nn.LayerNorm`` (``LayerNorm._epsilon``, its constructor's
     `epsilon`, what its forward passes to the operator)."""
     return norm._epsilon
+
+
+def structural_params(block):
+    """``{name: Parameter}`` under the names ``save_parameters`` writes and ``load_parameters``
+    reads (``decoder.blks.0.ffn.ffn_1.weight``: ``Block._collect_params_with_prefix``)."""
+    return block._collect_params_with_prefix()
+
+
+def deferred(params):
+    """Whether any of `params` still waits for its deferred initialisation (no data yet:
+    ``Parameter._data`` is None until the first forward pass infers its shape)."""
+    return any(p._data is None for p in params)
+
+
+def updaters(trainer):
+    """A Trainer's updaters, one per device (``Trainer._updaters``), which hold the
+    optimizer's states."""
+    return trainer._updaters

@@ -43,6 +43,7 @@ import os
 import mxnet as mx
 from mxnet import init, np
 
+from . import _gluon
 from ._runtime import cpu_math as _cpu_math
 from .build import build_model
 from .config import TransformerConfig
@@ -200,7 +201,7 @@ def _built_shapes(model, ctxs):
     X = np.ones((1, 2), ctx=ctxs[0])  # (batch, seq_len)
     model(X, X, np.array([2], ctx=ctxs[0]))
     # the structural names save_parameters writes ("decoder.blks.0.ffn.ffn_1.weight")
-    return {name: p.shape for name, p in model._collect_params_with_prefix().items()}
+    return {name: p.shape for name, p in _gluon.structural_params(model).items()}
 
 
 def _retrying(read, directory, attempts=3):
@@ -278,7 +279,7 @@ def _load(d, ctxs):
                 f"model directory {d.shown}: parameter {name} is {shape} in {PARAMS} "
                 f"but {trainable.get(name)} for {CONFIG} and the vocabularies "
                 f"({len(src_vocab)} source, {len(tgt_vocab)} target tokens)")
-    params = model._collect_params_with_prefix()  # what `load_parameters` fills, by name
+    params = _gluon.structural_params(model)  # what `load_parameters` fills, by name
     for name, array in saved.items():
         if name in params:
             params[name].set_data(array.as_np_ndarray())  # onto every context of `ctxs`

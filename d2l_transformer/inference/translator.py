@@ -25,7 +25,7 @@ import weakref
 import numpy as onp
 from mxnet import np
 
-from .. import _graphs
+from .. import _gluon, _graphs
 from .._runtime import threads as _threads
 from ..data import truncate_pad
 from . import step as _step
@@ -318,7 +318,7 @@ class Translator:
         graphs = _GRAPHS.setdefault(self.model, {})
         key = (name, self.ctx.device_type)
         if key not in graphs:
-            if any(p._data is None for p in self.model.collect_params().values()):
+            if _gluon.deferred(self.model.collect_params().values()):
                 X = np.ones((1, 2), ctx=self.ctx)  # (batch, seq_len)
                 self.model(X, X, np.array([2], ctx=self.ctx))
             graphs[key] = _graphs.track(_step.hybridized(build(), static))

@@ -6,6 +6,8 @@ import math
 import mxnet as mx
 from mxnet import gluon
 
+from .. import _gluon
+
 CLIP_THETA = 1  # the chapter's threshold: ``grad_clipping(model, 1)`` (9.3.7)
 
 
@@ -69,7 +71,7 @@ class ClipAdam:
         self.trainer, self.opt, self.theta, self.per_token = trainer, opt, theta, per_token
         self.indices = [trainer._param2idx[p.name] for p in params]
         self.devices = []  # per device: (device_id, weights, grads, means, vars)
-        for ctx, updater in zip(ctxs or [params[0].list_ctx()[0]], trainer._updaters):
+        for ctx, updater in zip(ctxs or [params[0].list_ctx()[0]], _gluon.updaters(trainer)):
             weights = [p.data(ctx).as_nd_ndarray() for p in params]  # legacy views, same memory
             grads = [p.grad(ctx).as_nd_ndarray() for p in params]
             opt._set_current_context(ctx.device_id)

@@ -3,7 +3,7 @@ hybridized graph (`TrainGraph`), and data-parallel over several devices or worke
 
 from mxnet import autograd, gluon
 
-from .. import _graphs, kernels
+from .. import _gluon, _graphs, kernels
 from ..seq2seq import Seq2SeqDecoder, Seq2SeqEncoder
 from ..seq2seq_attention import Seq2SeqAttentionDecoder
 from . import fused
@@ -88,7 +88,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
     update = []  # the ClipAdam, built after the first step's deferred initialisation
 
     def step(X, X_vlen, Y_input, Y_label, Y_vlen):
-        if any(p._data is None for p in params):  # deferred init in the faithful order
+        if _gluon.deferred(params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
         with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
             l = graph(X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
@@ -131,7 +131,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         used = ctxs[:min(len(ctxs), X.shape[0])]  # a last batch smaller than the device count
         parts = [gluon.utils.split_and_load(a, used, even_split=False)
                  for a in (X, X_vlen, Y_input, Y_label, Y_vlen)]
-        if any(p._data is None for p in params):  # deferred init in the faithful order
+        if _gluon.deferred(params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
         with autograd.record(), kernels.fused(used):
             losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device

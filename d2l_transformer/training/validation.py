@@ -14,6 +14,7 @@ import mxnet as mx
 import numpy as onp
 from mxnet import np
 
+from .. import _gluon
 from ..data import build_array
 from ..evaluate import translate_and_score
 from ..inference.engines import MXNetEngine
@@ -111,7 +112,7 @@ class LastParameters:
         self.model, self.kept = model, collections.deque(maxlen=n)
 
     def add(self, epoch):
-        params = self.model._collect_params_with_prefix()  # save_parameters' names
+        params = _gluon.structural_params(self.model)  # save_parameters' names
         self.kept.append((epoch, {k: p.data().as_nd_ndarray().copyto(mx.cpu())
                                   for k, p in params.items()}))
 
@@ -131,7 +132,7 @@ class LastParameters:
 
 class _Swap:
     def __init__(self, model, arrays):
-        self.params, self.arrays = model._collect_params_with_prefix(), arrays
+        self.params, self.arrays = _gluon.structural_params(model), arrays
 
     def __enter__(self):
         self.saved = {k: p.data().copy() for k, p in self.params.items()}

@@ -144,8 +144,8 @@ def drophead_schedule(step, total_steps, p_max):
 def fuse_qkv_params(separate, fused):
     """Copy every parameter of `separate` into `fused` (same model, ``fused_qkv=True``): the
     fused ``W_qkv.weight`` (3 * hidden, in) gets W_q, W_k and W_v stacked row-wise."""
-    src = {k: v.data() for k, v in separate._collect_params_with_prefix().items()}
-    for name, param in fused._collect_params_with_prefix().items():
+    src = {k: v.data() for k, v in _gluon.structural_params(separate).items()}
+    for name, param in _gluon.structural_params(fused).items():
         if name.endswith("W_qkv.weight"):
             base = name[: -len("W_qkv.weight")]
             param.set_data(np.concatenate([src[base + w + ".weight"]
