@@ -18,7 +18,10 @@ caller's blocks keep their class and state. The chapter's files do not know this
 * add & norm: ``LayerNorm(dropout(Y) + X)`` as one operator (`kernels.layer_norm`);
 * the loss: a label-smoothed or per-token `MaskedSoftmaxCELoss` as one operator
   (`kernels.softmax_ce`); the chapter's own loss keeps MXNet's operators.
-Variants' blocks (other subclasses) are left as they are: MXNet's operators.
+The `_FUSED` table matches a block's exact class: a variant's own blocks (the variants'
+subclasses of these, `variants/`) keep their class and MXNet's operators, and the chapter's
+blocks inside them are mirrored like any other (a pre-norm or fused-QKV attention without
+DropHead or ALiBi computes its core in `GraphDotProductAttention`).
 """
 
 import math
