@@ -1,22 +1,22 @@
 """CTranslate2's threads for ``--engine ctranslate2`` when none are asked for (``--engine-threads
 0``): the fastest of a few counts on this machine, measured once on first use and cached.
 
-No rule of the core count picks the fastest count on every machine (docs/export.md, "Threads"):
-two cores of one machine ran a model 1.7x faster on two threads than on one, two vCPUs of
-another 2x slower; sixteen cores ran it fastest on four. So the first use measures it
-(`measure`): one ``ctranslate2.Translator`` of the model in use per count of `candidates`
-(1, 2, 4, 8, up to the physical cores), each decoding the same batch of `PROBE_SENTENCES`
-synthetic sources for exactly `PROBE_STEPS` greedy steps, `ROUNDS` interleaved rounds;
-`choose` takes the fewest threads whose median is within `MARGIN` of the fastest. The result
-is kept in the package's cache directory (`io.cache`), in `CACHE_FILE`, under `key`: the CPU
-model, the physical and usable CPUs, CTranslate2's version, the compute type and the model's
-sizes (never in the model directory). A damaged cache file is ignored and written anew; one
-that cannot be written leaves the count measured for this process only.
+No rule of the core count picks the fastest count on every machine (docs/export.md, "Threads":
+two cores of the same topology, one where a second thread pays and one where it does not), so
+the first use measures it (`measure`): one ``ctranslate2.Translator`` of the model in use per
+count of `candidates` (1, 2, 4, 8, up to the physical cores), each decoding the same batch of
+`PROBE_SENTENCES` synthetic sources for exactly `PROBE_STEPS` greedy steps, `ROUNDS`
+interleaved rounds; `choose` takes the fewest threads whose median is within `MARGIN` of the
+fastest. The result is kept in the package's cache directory (`io.cache`), in `CACHE_FILE`,
+under `key`: the CPU model, the physical and usable CPUs, CTranslate2's version, the compute
+type and the model's sizes (never in the model directory). A damaged cache file is ignored and
+written anew; one that cannot be written leaves the count measured for this process only.
 """
 
 import datetime
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -32,7 +32,7 @@ CACHE_FILE = "ctranslate2_threads.json"
 FORMAT = "d2l_transformer ctranslate2 threads 1"
 MOST = 8  # the most threads measured
 ROUNDS = 5
-MARGIN = 0.05  # more threads must be this much faster than fewer to be chosen
+MARGIN = 0.10  # more threads must be this much faster than fewer to be chosen
 PROBE_SENTENCES, PROBE_LENGTH, PROBE_STEPS = 64, 12, 20  # one batch: sources x tokens, steps
 LEAST_SECONDS = 0.1  # one measurement repeats the batch at least this long (on one thread)
 RESERVED = 4  # the vocabulary's first tokens: <unk>, <pad>, <bos>, <eos>
@@ -112,8 +112,8 @@ def probe(source_tokens):
 def measure(open_translator, counts, sources):
     """``{count: [seconds of each round]}``: `open_translator(count)` (a CTranslate2
     translator on that many threads) decoding `sources` for exactly `PROBE_STEPS` greedy
-    steps, repeated to last at least `LEAST_SECONDS` on the first count, `ROUNDS` rounds in
-    alternating order."""
+    steps, repeated to last at least `LEAST_SECONDS` on the first count (at most 50 times),
+    `ROUNDS` rounds in alternating order."""
     options = {"beam_size": 1, "max_batch_size": len(sources), "min_decoding_length": PROBE_STEPS,
                "max_decoding_length": PROBE_STEPS, "max_input_length": 0}
     translators = {n: open_translator(n) for n in counts}
@@ -121,7 +121,7 @@ def measure(open_translator, counts, sources):
         translator.translate_batch(sources, **options)  # warm-up: memory, caches
     tic = time.perf_counter()
     translators[counts[0]].translate_batch(sources, **options)
-    repeats = max(1, min(50, round(LEAST_SECONDS / max(time.perf_counter() - tic, 1e-6))))
+    repeats = max(1, min(50, math.ceil(LEAST_SECONDS / max(time.perf_counter() - tic, 1e-6))))
     seconds = {n: [] for n in counts}
     for r in range(ROUNDS):
         for n in counts if r % 2 == 0 else counts[::-1]:

@@ -149,8 +149,8 @@ class CTranslate2Engine:
     `compute_type`: CTranslate2's, converted at load (`compute_type_for`: None for the
     export's float32; EngineError for one the CPU lacks; the type used: ``self.compute_type``).
 
-    Greedy in float32 gives the MXNet engine's tokens. Beam search is CTranslate2's own, at its own
-    speed: one search, its best hypotheses ranked by its length penalty, ``log P / |Y| **
+    Greedy in float32 gives the MXNet engine's tokens. Beam search is CTranslate2's own, at its
+    own speed: one search, its best hypotheses ranked by its length penalty, ``log P / |Y| **
     alpha``, where the MXNet engine ranks by GNMT's ``((5 + |Y|) / 6) ** alpha`` (the
     translations then differ for some sentences: docs/export.md publishes both engines' BLEU).
     The scores returned are GNMT's in both engines."""
