@@ -198,7 +198,7 @@ def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, low
 
 def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE, alpha=ALPHA,
                    data_path=None, max_sentences=1000, lowercase=False, examples=0, no_unk=False,
-                   engine_threads=0, test=None):
+                   engine_threads=0, test=None, compute_type=None):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
     `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
     `inference.engines`): for an English-to-French model the chapter's four sentences with d2l's
@@ -209,13 +209,15 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     (`checkpoint.trained_data`: `data_path`, else what its directory records): the preset's
     valid and test parts, or the chapter's training and held-out pairs. Returns the report (a
     JSON-able dict); ``examples``: keep the first N translations of each set;
-    ``engine_threads``: CTranslate2's (`open_engine`). Errors are one line (CheckpointError,
-    DataError, ExactChapterError, ExportError)."""
-    translator = open_engine(model_dir, engine, ctx, no_unk=no_unk, engine_threads=engine_threads)
+    ``engine_threads``, ``compute_type``: CTranslate2's (`open_engine`). Errors are one line
+    (CheckpointError, DataError, EngineError, ExactChapterError, ExportError)."""
+    translator = open_engine(model_dir, engine, ctx, no_unk=no_unk, engine_threads=engine_threads,
+                             compute_type=compute_type)
     cfg, tok = translator.cfg, translator.tokenizer
     lowercase = tok.lowercase or lowercase
     decoders = [("greedy", 1)] + ([] if chapter_only(cfg) else [(f"beam {beam}", beam)])
     report = {"model": model_dir, "engine": translator.name,
+              "compute_type": translator.compute_type, "engine_threads": translator.intra_threads,
               "preset": translator.summary.get("preset"), "tokenizer": tok.kind,
               "source_lang": cfg.pair[0], "target_lang": cfg.pair[1],
               "lowercase": lowercase, "chapter_sentences": [], "sets": []}

@@ -182,17 +182,6 @@ def test_missing_model_dir_and_bad_options(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 3
 
 
-@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 4)])
-def test_the_default_engine_threads(monkeypatch, cores, threads):
-    """CTranslate2's default threads: a quarter of the physical cores, 1 to 4 (docs/export.md:
-    one on this project's 2-core machines, four on 16 cores)."""
-    from d2l_transformer._runtime import threads as _threads
-    from d2l_transformer.inference.engines import default_engine_threads
-
-    monkeypatch.setattr(_threads, "physical_cores", lambda: cores)
-    assert default_engine_threads() == threads
-
-
 @pytest.mark.parametrize("flags, message", [
     (["--exact-chapter", "--set", "pre_norm=true"],
      "the variants (pre_norm) need the corrected Transformer, not exact_chapter"),

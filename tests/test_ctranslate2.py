@@ -28,14 +28,15 @@ from mxnet import np, npx
 
 import d2l_transformer as d2t
 from d2l_transformer import checkpoint, cli
+from d2l_transformer._runtime import threads as _threads
 from d2l_transformer.data import heldout_nmt
 from d2l_transformer.data.split import split_corpus
 from d2l_transformer.evaluate import evaluate_model, translate_texts
+from d2l_transformer.inference import ct2_threads
 from d2l_transformer.inference.engines import (
     ENGINES,
     CTranslate2Engine,
     MXNetEngine,
-    default_engine_threads,
     open_engine,
 )
 from d2l_transformer.inference.export import ExportError, export
@@ -415,9 +416,11 @@ def test_engine_refusals_are_one_line_and_touch_nothing(small_dir, small, tmp_pa
                                        "pip install 'd2l_transformer[ctranslate2]'\n")
 
 
-def test_engine_threads_reach_ctranslate2(small, monkeypatch, capsys):
+def test_engine_threads_reach_ctranslate2(small, monkeypatch, capsys, tmp_path):
     """``--engine-threads N`` (translate, evaluate, serve) is CTranslate2's ``intra_threads``;
-    0 or absent: `default_engine_threads`. The engine records what it passed."""
+    0 or absent: the count measured on this machine (`ct2_threads.best_threads`,
+    tests/test_ctranslate2_options.py). The engine records what it passed."""
+    monkeypatch.setenv("D2L_TRANSFORMER_CACHE", str(tmp_path))  # the measurement's cache
     passed, real = [], ctranslate2.Translator
 
     def recording(*args, **kwargs):
@@ -427,7 +430,7 @@ def test_engine_threads_reach_ctranslate2(small, monkeypatch, capsys):
     model_dir = small[0]
     assert open_engine(model_dir, "ctranslate2", engine_threads=3).intra_threads == passed[-1] == 3
     default = open_engine(model_dir, "ctranslate2").intra_threads
-    assert default == passed[-1] == default_engine_threads()
+    assert default == passed[-1] and default in ct2_threads.candidates(_threads.physical_cores())
     assert CTranslate2Engine(model_dir, intra_threads=0).intra_threads == default
     with pytest.raises(ValueError, match="at least 0"):
         CTranslate2Engine(model_dir, intra_threads=-1)

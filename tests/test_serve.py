@@ -493,9 +493,9 @@ def test_serve_options_reach_the_server(monkeypatch):
                      "mt.example.org, 10.0.0.2", "--api-key", "k"]) == 0
     assert calls[-1] == (("m", "0.0.0.0", 8000, "auto"),
                          {"allowed_hosts": ["mt.example.org", "10.0.0.2"], "api_key": "k",
-                          "engine": "mxnet", "engine_threads": 0})
+                          "engine": "mxnet", "engine_threads": 0, "compute_type": None})
     monkeypatch.setenv("D2L_TRANSFORMER_API_KEY", "from-env")
     assert cli.main(["serve", "--model", "m", "--engine", "ctranslate2", "--engine-threads",
-                     "3"]) == 0
+                     "3", "--compute-type", "int8"]) == 0
     assert calls[-1][1] == {"allowed_hosts": None, "api_key": "from-env", "engine": "ctranslate2",
-                            "engine_threads": 3}
+                            "engine_threads": 3, "compute_type": "int8"}

@@ -18,7 +18,7 @@ from ..data import DataError, TokenizerError
 from ..distributed.kvstore import create_kvstore
 from ..distributed.launch import LaunchError, launch
 from ..evaluate import evaluate_model, format_files_report, format_report, score_files
-from ..inference.engines import MXNetEngine, open_engine
+from ..inference.engines import EngineError, MXNetEngine, open_engine
 from ..inference.export import ExportError
 from ..inference.limits import (
     ExactChapterError,
@@ -39,14 +39,14 @@ class UserError(Exception):
 
 
 USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # one line each
-               TokenizerError, ExactChapterError, ExportError)
+               TokenizerError, ExactChapterError, ExportError, EngineError)
 
 
 # ---------------------------------------------------------------------------------- translating
 def cmd_translate(args):
     ctx = _device(args.ctx)
     engine = open_engine(args.model, args.engine, ctx, no_unk=args.no_unk,
-                         engine_threads=args.engine_threads)
+                         engine_threads=args.engine_threads, compute_type=args.compute_type)
     explainer = None  # the MXNet model: attention maps, whichever engine translates
     if args.attention or args.attention_html:
         explainer = engine if engine.name == "mxnet" else MXNetEngine.load(args.model, ctx)
@@ -113,7 +113,8 @@ def cmd_evaluate(args):
                             max_sentences=args.max_sentences, lowercase=args.lowercase,
                             examples=args.examples, no_unk=args.no_unk,
                             engine_threads=args.engine_threads,
-                            test=(args.src, args.ref) if args.src else None)
+                            test=(args.src, args.ref) if args.src else None,
+                            compute_type=args.compute_type)
     print(format_report(report))
     if args.json:
         _write_json(args.json, report)
@@ -198,7 +199,8 @@ def cmd_serve(args):
         hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()] \
             if args.allowed_hosts else None
         run(args.model, args.host, args.port, args.ctx, allowed_hosts=hosts,
-            api_key=args.api_key, engine=args.engine, engine_threads=args.engine_threads)
+            api_key=args.api_key, engine=args.engine, engine_threads=args.engine_threads,
+            compute_type=args.compute_type)
     except ServeError as e:
         raise UserError(str(e)) from None
     return 0

@@ -23,8 +23,13 @@ def _engine_option(parser):
                              "(made on first use; attention maps still come from MXNet)")
     parser.add_argument("--engine-threads", type=int, default=0, metavar="N",
                         help="--engine ctranslate2: CTranslate2's threads (intra_threads); 0 "
-                             "(default): a quarter of the physical cores, 1 to 4 "
-                             "(docs/export.md); the mxnet engine ignores it")
+                             "(default): the fastest of 1, 2, 4, 8 up to the physical cores, "
+                             "measured on first use and cached per machine (docs/export.md); "
+                             "the mxnet engine ignores it")
+    parser.add_argument("--compute-type", default=None, metavar="TYPE",
+                        help="--engine ctranslate2: CTranslate2's compute type, converted at "
+                             "load: int8, int8_float32, int16, bfloat16, ... where this CPU "
+                             "supports it (default: float32, the export's; docs/export.md)")
 
 
 def _data_option(parser, text):

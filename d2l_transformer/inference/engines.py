@@ -12,8 +12,9 @@ score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
   with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also
   gives the attention weights of a translation (`MXNetEngine.attention`).
 * ``"ctranslate2"`` (`CTranslate2Engine`): OpenNMT's CTranslate2 over the model's float32 export,
-  made on first use and kept beside the model directory (`export.kept_export`), on
-  `default_engine_threads` threads unless asked for others. Greedy decoding
+  made on first use and kept beside the model directory (`export.kept_export`), converted at
+  load to the compute type asked for (`compute_type_for`), on the threads measured fastest on
+  this machine (`ct2_threads.best_threads`) unless asked for others. Greedy decoding in float32
   gives the MXNet engine's tokens. Beam search is CTranslate2's (its beam keeps the best partial
   hypotheses by log P, without length penalty); its `beam_size` finished hypotheses are then
   ranked by GNMT's score, as the MXNet engine ranks its own (docs/export.md).
@@ -23,10 +24,10 @@ import json
 import os
 
 from .. import checkpoint
-from .._runtime import threads as _threads
 from ..config import TransformerConfig
 from ..data import Vocab
 from ..data import load_tokenizer as _tokenizer_of
+from .ct2_threads import best_threads
 from .decode import chapter_greedy
 from .limits import (
     BANNED,
@@ -42,12 +43,33 @@ from .translator import ALPHA, Hypothesis, Translator, length_penalty
 ENGINES = ("mxnet", "ctranslate2")
 DEFAULT_ENGINE = "mxnet"
 BATCH = 64  # sentences decoded together
+COMPUTE_TYPE = "float32"  # CTranslate2's compute type when none is asked for: the export's
 
 
-def default_engine_threads():
-    """CTranslate2's threads when none are asked for (``--engine-threads 0``): a quarter of
-    the physical cores, 1 to 4 (the measurements: docs/export.md)."""
-    return min(4, max(1, _threads.physical_cores() // 4))
+class EngineError(ValueError):
+    """An engine option that cannot be honoured (a compute type this CPU lacks, an option of
+    the other engine); the message is one line."""
+
+
+def check_engine_options(engine, compute_type=None):
+    """EngineError (one line) for CTranslate2's options given to another engine: the one rule
+    of `open_engine` and the server."""
+    if compute_type is not None and engine != "ctranslate2":
+        raise EngineError(f"--compute-type is an option of --engine ctranslate2, not of "
+                          f"--engine {engine}")
+
+
+def compute_type_for(ctranslate2, compute_type=None, device="cpu"):
+    """The compute type CTranslate2 converts the float32 export to at load: `compute_type`
+    (None: `COMPUTE_TYPE`), which must be one `ctranslate2.get_supported_compute_types` lists
+    for `device` (EngineError, one line, naming them)."""
+    if compute_type is None:
+        return COMPUTE_TYPE
+    supported = sorted(ctranslate2.get_supported_compute_types(device))
+    if compute_type not in supported:
+        raise EngineError(f"--compute-type {compute_type}: CTranslate2 {ctranslate2.__version__}"
+                          f" supports {', '.join(supported)} on this {device.upper()}")
+    return compute_type
 
 
 def no_unk_for(cfg, no_unk=False):
@@ -74,6 +96,7 @@ class MXNetEngine:
     directory). `no_unk`: never emit ``<unk>`` (`no_unk_for`)."""
 
     name = "mxnet"
+    compute_type = intra_threads = None  # CTranslate2's options: not this engine's
 
     def __init__(self, model, src_vocab, tgt_vocab, cfg, tokenizer, ctx, *, no_unk=False,
                  batch_size=BATCH):
@@ -121,11 +144,13 @@ class CTranslate2Engine:
     """CTranslate2's ``Translator`` over the float32 export kept beside `model_dir`
     (`export.kept_export`: exported on first use, again when the model directory changes).
     ExportError (one line) for an exact-chapter or ScaleNorm model, or without the
-    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0:
-    `default_engine_threads`; the number used: ``self.intra_threads``).
+    ``ctranslate2`` package. `intra_threads`: CTranslate2's threads (0: the fastest measured
+    on this machine, `ct2_threads.best_threads`; the number used: ``self.intra_threads``).
+    `compute_type`: CTranslate2's, converted at load (`compute_type_for`: None for the
+    export's float32; EngineError for one the CPU lacks; the type used: ``self.compute_type``).
 
-    Greedy gives the MXNet engine's tokens. Beam search is CTranslate2's own, at its own
-    speed: one search, its best hypotheses ranked by its length penalty, ``log P / |Y| **
+    Greedy in float32 gives the MXNet engine's tokens. Beam search is CTranslate2's own, at its
+    own speed: one search, its best hypotheses ranked by its length penalty, ``log P / |Y| **
     alpha``, where the MXNet engine ranks by GNMT's ``((5 + |Y|) / 6) ** alpha`` (the
     translations then differ for some sentences: docs/export.md publishes both engines' BLEU).
     The scores returned are GNMT's in both engines."""
@@ -133,12 +158,13 @@ class CTranslate2Engine:
     name = "ctranslate2"
 
     def __init__(self, model_dir, *, no_unk=False, batch_size=BATCH, device="cpu",
-                 intra_threads=0):
+                 intra_threads=0, compute_type=None):
         if intra_threads < 0:
             raise ValueError(f"intra_threads must be at least 0, not {intra_threads}")
         from .export import kept_export
         from .export.ctranslate2 import import_ctranslate2
         ctranslate2 = import_ctranslate2("--engine ctranslate2")
+        self.compute_type = compute_type_for(ctranslate2, compute_type, device)
         self.directory, manifest = kept_export(model_dir)
         self.cfg = TransformerConfig.from_json(json.dumps(manifest["config"]))
         self.src_vocab, self.tgt_vocab = (
@@ -149,9 +175,15 @@ class CTranslate2Engine:
         self.summary = {"preset": manifest["model"].get("preset")}
         self.no_unk = no_unk_for(self.cfg, no_unk)
         self.batch_size = batch_size
-        self.intra_threads = intra_threads or default_engine_threads()
-        self.translator = ctranslate2.Translator(self.directory, device=device,
-                                                 intra_threads=self.intra_threads)
+
+        def open_translator(threads):
+            return ctranslate2.Translator(self.directory, device=device, intra_threads=threads,
+                                          compute_type=self.compute_type)
+        self.intra_threads = intra_threads or best_threads(
+            open_translator, self.src_vocab.idx_to_token, manifest["model"], self.compute_type,
+            ctranslate2.__version__)
+        self.translator = open_translator(self.intra_threads)
+        self.compute_type = self.translator.compute_type  # CTranslate2's name: int8 is int8_float32
 
     def _read_json(self, name):
         with open(os.path.join(self.directory, name), encoding="utf-8") as f:
@@ -194,13 +226,15 @@ class CTranslate2Engine:
 
 
 def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH,
-                engine_threads=0):
+                engine_threads=0, compute_type=None):
     """The engine `engine` (`ENGINES`) over the model directory `model_dir`; `engine_threads`:
-    CTranslate2's (0: `default_engine_threads`), ignored by ``mxnet``. Errors are one line:
-    CheckpointError, ExactChapterError, ExportError (``ctranslate2``)."""
+    CTranslate2's (0: measured, `ct2_threads.best_threads`), ignored by ``mxnet``;
+    `compute_type`: CTranslate2's (`compute_type_for`), refused with ``mxnet``. Errors are one
+    line: CheckpointError, ExactChapterError, EngineError, ExportError (``ctranslate2``)."""
+    check_engine_options(engine, compute_type)
     if engine == "mxnet":
         return MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
     if engine == "ctranslate2":
         return CTranslate2Engine(model_dir, no_unk=no_unk, batch_size=batch_size,
-                                 intra_threads=engine_threads)
+                                 intra_threads=engine_threads, compute_type=compute_type)
     raise ValueError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")

@@ -1,2 +1,3 @@
 """Files only, below everything that saves: crash-safe writes and versioned directories
-(`atomic`), manifests (`manifest`), advisory locks (`lock`). Imports nothing of the package."""
+(`atomic`), manifests (`manifest`), advisory locks (`lock`), the cache directory (`cache`).
+Imports nothing of the package."""

@@ -41,6 +41,7 @@ import mxnet as mx
 
 from .._runtime import threads as _threads
 from ..io import atomic
+from ..io.cache import cache_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name)
@@ -85,8 +86,7 @@ def library_path():
     for source in SOURCES + HEADERS:
         with open(source, "rb") as f:
             key.update(f.read())
-    cache = os.environ.get("D2L_TRANSFORMER_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "d2l_transformer")
+    cache = cache_dir()
     try:
         os.makedirs(cache, exist_ok=True)
         writable = os.access(cache, os.W_OK)

@@ -27,7 +27,13 @@ from mxnet import npx
 
 from .. import checkpoint
 from ..context import parse_ctx
-from ..inference.engines import DEFAULT_ENGINE, CTranslate2Engine, MXNetEngine
+from ..inference.engines import (
+    DEFAULT_ENGINE,
+    CTranslate2Engine,
+    EngineError,
+    MXNetEngine,
+    check_engine_options,
+)
 from ..inference.export import ExportError
 from ..inference.limits import ExactChapterError, require_corrected
 from ..inference.translator import ALPHA
@@ -64,8 +70,8 @@ def check_attention(cells, least=False):
 
 class Engine:
     """The model of `model_dir` behind a queue, served by one worker thread; `engine`: the
-    translation engine (`inference.engines.ENGINES`); `engine_threads`: CTranslate2's threads
-    (0: `inference.engines.default_engine_threads`).
+    translation engine (`inference.engines.ENGINES`); `engine_threads`, `compute_type`:
+    CTranslate2's threads and compute type (`inference.engines.CTranslate2Engine`).
 
     After construction (which waits until the model is loaded, or re-raises why it could not
     be) `tokenizer`, `src_vocab`, `max_positions`, `pair` (the model's languages) and `info`
@@ -73,11 +79,14 @@ class Engine:
     """
 
     def __init__(self, model_dir, ctx="auto", *, engine=DEFAULT_ENGINE, max_batch=64,
-                 max_pending=4096, engine_threads=0):
+                 max_pending=4096, engine_threads=0, compute_type=None):
         self.model_dir, self.engine = os.path.abspath(model_dir), engine
-        self.engine_threads = engine_threads
+        self.engine_threads, self.compute_type = engine_threads, compute_type
         try:  # before the model loads
+            check_engine_options(engine, compute_type)
             require_corrected(checkpoint.load_config(model_dir), "the server")
+        except EngineError as e:
+            raise ServeError(str(e)) from None
         except ExactChapterError as e:
             raise ServeError(f"{model_dir}: {e}; translate it with d2l-transformer translate "
                              f"--model {model_dir}") from None
@@ -151,8 +160,9 @@ class Engine:
         if self.engine == "ctranslate2":
             try:
                 self.translator = CTranslate2Engine(self.model_dir, batch_size=self.max_batch,
-                                                    intra_threads=self.engine_threads)
-            except ExportError as e:
+                                                    intra_threads=self.engine_threads,
+                                                    compute_type=self.compute_type)
+            except (ExportError, EngineError) as e:
                 raise ServeError(str(e)) from None
         else:
             self.translator = self.explainer
@@ -163,6 +173,8 @@ class Engine:
         self.enc_layers, self.dec_layers = len(model.encoder.blks), len(model.decoder.blks)
         self.heads = cfg.num_heads
         self.info = {"name": os.path.basename(self.model_dir), "engine": self.translator.name,
+                     "compute_type": self.translator.compute_type,
+                     "engine_threads": self.translator.intra_threads,
                      "preset": summary.get("preset"),
                      "epochs": summary.get("epochs_done"), "layers": cfg.num_layers,
                      "heads": cfg.num_heads, "embedding_size": cfg.embedding_size,
