@@ -177,7 +177,8 @@ def test_inlined_data_survives_hostile_text():
     page = render_explorer(items, title=HOSTILE)
     assert page.count("</script>") == 2 and "alert(1)" not in page.split('id="data"')[0]
     data = re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S)
-    assert json.loads(data.group(1)) == {"title": HOSTILE, "items": items}
+    languages = [{"code": "en", "name": "English"}, {"code": "fr", "name": "French"}]
+    assert json.loads(data.group(1)) == {"title": HOSTILE, "items": items, "languages": languages}
     frame = iframe_html(items, title=HOSTILE)
     assert frame.startswith('<iframe srcdoc="') and html.unescape(frame[16:frame.index('" title=')]) == page
     with pytest.raises(ValueError, match="item 0: its attention has no cross"):
