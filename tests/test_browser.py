@@ -115,6 +115,9 @@ def test_served_page_translates_and_shows_the_apis_weights(server, browser):
     d.get(server + "/")
     assert d.find_element(By.ID, "form").is_displayed()
     assert not d.find_element(By.ID, "result").is_displayed()
+    WebDriverWait(d, 30).until(lambda d: d.find_element(By.ID, "text").get_attribute("lang"))
+    assert d.find_element(By.ID, "pair").text == "English \u2192 French"  # from /languages
+    assert d.find_element(By.ID, "text-label").text == "English sentence"
     box = d.find_element(By.ID, "text")
     box.clear()
     box.send_keys("I won !")
@@ -164,6 +167,46 @@ def test_standalone_file_offline_shows_the_same_weights(server, model_dir, brows
     finally:
         browser.set_offline(False)
     assert browser.reachable(server + "/health")
+
+
+@needs_browser
+def test_the_pages_labels_follow_the_models_pair(browser, tmp_path):
+    """A French-to-English model: the served page names the pair from ``/languages`` and asks
+    for a French sentence; the standalone file names it from its inlined data."""
+    import io
+
+    import mxnet as mx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from d2l_transformer.config import CHAPTER
+    from d2l_transformer.training.run import train_model
+    from d2l_transformer.viz.attention_html import write_explorer
+
+    out = str(tmp_path / "fr-en")
+    train_model(CHAPTER.replace(num_epochs=2, source_lang="fr"), out, ctx=mx.cpu(),
+                progress=False, log=io.StringIO())
+    engine = Engine(out, "cpu")
+    served = ServerThread(create_app(engine))
+    try:
+        d = browser.driver
+        d.get(served.url + "/")
+        WebDriverWait(d, 30).until(lambda d: d.find_element(By.ID, "text").get_attribute("lang"))
+        assert d.find_element(By.ID, "pair").text == "French \u2192 English"
+        assert d.find_element(By.ID, "text-label").text == "French sentence"
+        assert d.find_element(By.ID, "text").get_attribute("value") == ""  # no English example
+        assert d.find_element(By.ID, "translation").get_attribute("lang") == "en"
+    finally:
+        served.stop()
+        engine.close()
+    items = [{"source": "Va !", "translation": "go .", "attention": {
+        "src_tokens": ["va", "!"], "tgt_tokens": ["<bos>", "go", "."], "out_tokens": ["go", ".", "<eos>"],
+        "encoder": [[[[0.5, 0.5], [0.5, 0.5]]]], "decoder": [[[[1, 0, 0], [0.5, 0.5, 0], [0.3, 0.3, 0.4]]]],
+        "cross": [[[[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]]]}}]
+    path = write_explorer(str(tmp_path / "explorer.html"), items, pair=("fr", "en"))
+    d.get("file://" + path)
+    assert d.find_element(By.ID, "pair").text == "French \u2192 English"
+    assert d.find_element(By.ID, "source").get_attribute("lang") == "fr"
 
 
 HOSTILE = "</script><script>alert(1)</script><!-- & \u2028 \"'"
