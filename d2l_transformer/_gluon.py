@@ -118,3 +118,9 @@ def layer_norm_eps(norm):
     """The epsilon of an ``nn.LayerNorm`` (``LayerNorm._epsilon``, its constructor's
     `epsilon`, what its forward passes to the operator)."""
     return norm._epsilon
+
+
+def dense_flatten(dense):
+    """Whether an ``nn.Dense`` flattens its input to 2-d (``Dense._flatten``, its constructor's
+    `flatten`)."""
+    return dense._flatten

@@ -115,25 +115,51 @@ def configure():
     return True
 
 
-def settle(cfg):
+def settle(cfg, bfloat16=False):
     """Before a run of `cfg` computes: keep oneDNN capped for a run on a slice of the data
     (``cfg.num_examples`` set: every edition's chapter run, exact or corrected, and ``tiny``);
-    lift the cap for a run on the whole corpus (the ``full`` presets). Those size their threads
-    to the machine's cores (`threads`), so their numbers depend on the machine anyway, and the
-    cap would cost them speed (docs/benchmarks.md, "The CPU math"). OpenBLAS stays on its
-    Haswell kernels: they are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its
-    first kernel, so the first run of a process decides for the process: `train_model` and
+    lift the cap for a run on the whole corpus (the ``full`` presets) and for a run whose
+    products compute in bfloat16 (``bfloat16``: `training.precision`; oneDNN has no bfloat16
+    kernels below AVX-512), and for the latter ask for AMX (`allow_amx`). Those size their
+    threads to the machine's cores (`threads`), so their numbers depend on the machine anyway,
+    and the cap would cost them speed (docs/benchmarks.md, "The CPU math"). OpenBLAS stays on
+    its Haswell kernels: they are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at
+    its first kernel, so the first run of a process decides for the process: `train_model` and
     `checkpoint.load` call this before they compute; later calls change nothing."""
-    if _state["settled"] or _state["mode"] != "pinned" or _state["reason"]:
+    if _state["settled"]:
         return
-    whole = getattr(cfg, "num_examples", None) is None
-    _state["settled"] = "lifted" if whole else "capped"
-    name = ISA_CAP[0]
-    if whole and os.environ.get(name) == ISA_CAP[1]:
-        if _state["replaced"].get(name) is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = _state["replaced"][name]
+    if _state["mode"] == "pinned" and not _state["reason"]:
+        whole = getattr(cfg, "num_examples", None) is None or bfloat16
+        _state["settled"] = "lifted" if whole else "capped"
+        name = ISA_CAP[0]
+        if whole and os.environ.get(name) == ISA_CAP[1]:
+            if _state["replaced"].get(name) is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = _state["replaced"][name]
+    if bfloat16:
+        allow_amx()
+
+
+AMX = ("DNNL_MAX_CPU_ISA", "AVX512_CORE_AMX")  # oneDNN 2.4 uses AMX only when its cap names it
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64
+
+
+def allow_amx(flags=None):
+    """Let oneDNN's bfloat16 products run on the CPU's AMX tiles, where it has them (`flags`:
+    its /proc/cpuinfo flags by default) and no other oneDNN cap is set: Linux lends a process
+    the tiles' state only when it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM)``; an AMX
+    instruction without it kills the process, SIGILL), and oneDNN 2.4 neither asks nor uses
+    AMX unless ``DNNL_MAX_CPU_ISA`` names it. Before oneDNN's first kernel. Returns whether AMX
+    was allowed."""
+    flags = cpu_flags() if flags is None else flags
+    if not {"amx_bf16", "amx_tile"} <= set(flags or ()) or os.environ.get(AMX[0]):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        return False  # a kernel without the request (before Linux 5.16) has no AMX for us
+    os.environ[AMX[0]] = AMX[1]
+    return True
 
 
 def openblas_core():
@@ -170,7 +196,8 @@ def describe(device="cpu"):
     elif _state["reason"]:
         record["why"] = f"not pinned: {_state['reason']}"
     elif _state["settled"] == "lifted":
-        record["why"] = "a run on the whole corpus: oneDNN on every instruction set of this CPU"
+        record["why"] = ("a run on the whole corpus or in bfloat16: oneDNN on every instruction "
+                         "set of this CPU")
     elif record["openblas"] not in (None, OPENBLAS_CORE[1]):
         record["why"] = f"OpenBLAS ran its {record['openblas']} kernels (MXNet imported first)"
     elif record["threads"] != 1:

@@ -24,6 +24,8 @@ import weakref
 from collections import OrderedDict
 
 import mxnet as mx
+import numpy as onp
+from mxnet.gluon import nn
 
 from .. import _gluon, _graphs, kernels
 from ..attention import DotProductAttention, MultiHeadAttention
@@ -100,15 +102,35 @@ class FusedMaskedSoftmaxCELoss(MaskedSoftmaxCELoss):
                                   self.reduction == "token")  # (batch,)
 
 
+BFLOAT16 = onp.dtype([("bfloat16", onp.uint16)])  # how MXNet 1.9 names bfloat16 (contrib.amp)
+
+
+class Bfloat16Dense(nn.Dense):
+    """A Dense layer whose product runs in bfloat16 (the weight and the input rounded to it,
+    oneDNN accumulating in float32), its output given back as float32: the master weight, its
+    gradient and everything around the product stay float32."""
+
+    def hybrid_forward(self, F, x, weight, bias=None):
+        if F is not mx.sym:
+            return super().hybrid_forward(F, x, weight, bias)
+        args = [F.amp_cast(a.as_nd_ndarray(), dtype=BFLOAT16)
+                for a in (x, weight) + (() if bias is None else (bias,))]
+        out = F.FullyConnected(*args, no_bias=bias is None, num_hidden=self.weight.shape[0],
+                               flatten=_gluon.dense_flatten(self))
+        out = F.amp_cast(out, dtype="float32").as_np_ndarray()
+        return out if self.act is None else self.act(out)
+
+
 _FUSED = {MultiHeadAttention: FusedMultiHeadAttention, AddNorm: FusedAddNorm,
           DotProductAttention: GraphDotProductAttention,
           MaskedSoftmaxCELoss: FusedMaskedSoftmaxCELoss}
 
 
+_BFLOAT16 = {**_FUSED, nn.Dense: Bfloat16Dense}  # the products in bfloat16 too
 _MIRRORS = weakref.WeakKeyDictionary()  # graph -> (the graph `run` calls, the kernels' mode)
 
 
-def _mirror(block, memo):
+def _mirror(block, memo, classes=_FUSED):
     """The fast graph's own copy of `block`: `block` itself where nothing under it is fused;
     else a new block of its fused class (or its own) with `block`'s state and parameters (the
     same Parameter objects) and its children mirrored (`_gluon.copy_block`). The caller's
@@ -116,8 +138,8 @@ def _mirror(block, memo):
     if id(block) in memo:
         return memo[id(block)]
     own = _gluon.children(block)
-    children = OrderedDict((n, _mirror(c, memo)) for n, c in own.items())
-    cls = _FUSED.get(type(block), type(block))
+    children = OrderedDict((n, _mirror(c, memo, classes)) for n, c in own.items())
+    cls = classes.get(type(block), type(block))
     if cls is type(block) and all(c is own[n] for n, c in children.items()):
         memo[id(block)] = block
         return block
@@ -136,15 +158,15 @@ def traced(graph):
     return _MIRRORS.get(graph, (None, None))[0]
 
 
-def run(graph, *args):
+def run(graph, *args, precision="float32"):
     """``graph(*args)`` on the fast graph's own blocks (`_mirror`): the chapter's blocks in it
     fused, sharing `graph`'s parameters; made again when the kernels were switched since its
     trace (``D2L_TRANSFORMER_KERNELS``, a CPU or GPU context) or a block changed
     (`_graphs.invalidate`). A graph not hybridized runs the chapter's code."""
-    mode = kernels.active()
+    mode = (kernels.active(), precision)
     mirror, traced_with = _MIRRORS.get(graph, (None, None))
     if mirror is None or traced_with != mode or not _gluon.has_graph(mirror):
-        mirror = _mirror(graph, {})
+        mirror = _mirror(graph, {}, _BFLOAT16 if precision == "bfloat16" else _FUSED)
         if mirror is not graph:
             _graphs.track_copy(mirror, graph)
         _MIRRORS[graph] = (mirror, mode)

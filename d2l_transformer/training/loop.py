@@ -56,7 +56,7 @@ def check_one_device(reduction, ctxs, kvstore):
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
                   loss=None, start_epoch=1, epoch_seed=None, reseed_from=1, on_batch=None,
                   report_every=50, fast=False, kvstore=None, clip_per_token=False,
-                  size_threads=True, output_width=None):
+                  size_threads=True, output_width=None, precision="float32"):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -117,7 +117,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = data_parallel(ctxs, kvstore)
     check_one_device(getattr(loss, "reduction", None), ctxs, kvstore)
-    step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token)
+    step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token,
+                        precision)
     history = []
     health = getattr(step, "health", None)  # `ClipAdam.health` of a fast step, or None
     num_batches = len(data_iter) if hasattr(data_iter, "__len__") else None
@@ -151,15 +152,16 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     }
 
 
-def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token):
+def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token,
+                 precision="float32"):
     """The step of one batch, chosen once: `_parallel_step` on several devices or workers,
     `_fast_step` (the graph) on one, else the chapter's imperative step. Each returns the
     batch's summed loss and its number of tokens (device arrays on the fast path)."""
     if parallel:
         return _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
-                              clip_per_token)
+                              clip_per_token, precision)
     if fast:
-        return _fast_step(model, trainer, loss, clip_per_token)
+        return _fast_step(model, trainer, loss, clip_per_token, precision)
     return _imperative_step(model, trainer, loss, clip_per_token)
 
 

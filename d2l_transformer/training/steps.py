@@ -53,7 +53,7 @@ def _graph(model, loss):
     return graph
 
 
-def _fast_step(model, trainer, loss, clip_per_token=False):
+def _fast_step(model, trainer, loss, clip_per_token=False, precision="float32"):
     """The fast path's train step: one hybridized graph, `ClipAdam` (or one-pass
     clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
     device. Same signature and meaning as the faithful step in `train_s2s_ch8`. The graph is
@@ -66,7 +66,8 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(X, Y_input, X_vlen, Y_vlen)
         with autograd.record(), kernels.fused(X.ctx):  # traced once, with the CPU kernels
-            l = fused.run(graph, X, X_vlen, Y_input, Y_label, Y_vlen)  # (batch,)
+            l = fused.run(graph, X, X_vlen, Y_input, Y_label, Y_vlen,
+                          precision=precision)  # (batch,)
         l.backward()
         num_tokens = step_size(loss, Y_vlen)
         if not update:
@@ -83,7 +84,8 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
     return step
 
 
-def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_token=False):
+def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_token=False,
+                   precision="float32"):
     """Data parallelism: the same step as on one device, on several at once.
 
     The batch is split across ``ctxs`` (`gluon.utils.split_and_load`); every device runs the
@@ -109,7 +111,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         if any(p._data is None for p in params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
         with autograd.record(), kernels.fused(used):
-            losses = [fused.run(graph, *part) if fast else graph(*part)
+            losses = [fused.run(graph, *part, precision=precision) if fast else graph(*part)
                       for part in zip(*parts)]  # (batch_i,) per device
         autograd.backward(losses)
         for c in ctxs[len(used):]:  # devices without data add nothing to the sum

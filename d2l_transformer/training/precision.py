@@ -1,0 +1,98 @@
+"""The precision of a training run's matrix products, decided once per run (`choose`).
+
+``float32``: every operator in float32, the chapter's arithmetic. ``bfloat16``: the graph
+path's matrix products (the Dense layers' FullyConnected, `fused.Bfloat16Dense`) take their
+input and weight rounded to bfloat16 and accumulate in float32 (oneDNN), as mixed-precision
+training does (Micikevicius et al. 2018; Kalamkar et al. 2019 for bfloat16); the master
+weights, their gradients, Adam's states, the checkpoints, the softmax, the layer norms and the
+loss stay float32, so a model trained in bfloat16 loads and exports as any other.
+
+The config's ``precision`` asks: ``float32``; ``bfloat16``; or ``auto`` (the default),
+bfloat16 for a run on the whole corpus whose output layer's work is big
+(`big_work`: the `full` presets) on a CPU with bfloat16 units, float32 otherwise (every
+edition's chapter run, ``tiny``, exact runs). bfloat16 runs only where it can: the graph path
+on CPU contexts (MXNet 1.9.1 computes bfloat16 with oneDNN, on the CPU only), a CPU with
+bfloat16 units (`units`: AVX512-BF16 or AMX-BF16 in /proc/cpuinfo); asked elsewhere, the run
+computes in float32 and says why in one line (`Precision.notice`).
+"""
+
+import dataclasses
+
+from .._runtime import cpu_math, threads
+
+UNITS = ("amx_bf16", "avx512_bf16")  # the CPU's bfloat16 units, as /proc/cpuinfo names them
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """What a run computes in: ``name`` (``"float32"`` or ``"bfloat16"``), what its config
+    asked (``asked``, one of `config.PRECISIONS`) and why (``why``, one phrase)."""
+
+    name: str
+    asked: str
+    why: str
+
+    @property
+    def bfloat16(self):
+        return self.name == "bfloat16"
+
+    def record(self):
+        """What summary.json keeps: ``{"precision", "asked", "why"}``."""
+        return {"precision": self.name, "asked": self.asked, "why": self.why}
+
+    def notice(self):
+        """One line when bfloat16 was asked and float32 runs (why), else None."""
+        if self.asked == "bfloat16" and not self.bfloat16:
+            return f"precision: bfloat16 asked, float32 runs: {self.why}"
+        return None
+
+
+def units(flags=None):
+    """The CPU's bfloat16 units among `UNITS` (its /proc/cpuinfo flags, or `flags`), in that
+    order; () where it has none or its flags cannot be read."""
+    flags = cpu_math.cpu_flags() if flags is None else flags
+    return tuple(u for u in UNITS if u in (flags or ()))
+
+
+def big_work(cfg, tgt_size):
+    """Whether a run of `cfg` with `tgt_size` target tokens is big work: its output layer's
+    multiply-adds per batch, rows (``batch_size`` x ``num_steps``) x ``output_width`` x
+    `tgt_size`, reach `threads.BIG_WORK` (the threads' rule for every core)."""
+    return cfg.batch_size * cfg.num_steps * cfg.output_width * tgt_size >= threads.BIG_WORK
+
+
+def choose(cfg, tgt_size, ctxs, *, fast=True, flags=None):
+    """The `Precision` of a run of `cfg` with `tgt_size` target tokens on `ctxs` (a device or a
+    list), on the graph path when `fast`; `flags`: the CPU's (default: /proc/cpuinfo's)."""
+    asked = cfg.precision
+    if asked == "float32":
+        return Precision("float32", asked, "asked for")
+    ctxs = ctxs if isinstance(ctxs, (list, tuple)) else [ctxs]
+    found = units(flags)
+    if not fast or cfg.imperative_only:
+        why = "the imperative path (exact runs, the seq2seq models, --imperative) is float32"
+    elif any(c.device_type != "cpu" for c in ctxs):
+        why = "MXNet 1.9.1 computes bfloat16 products on the CPU only (oneDNN)"
+    elif not found:
+        why = f"this CPU has no bfloat16 units ({' or '.join(UNITS)})"
+    elif asked == "bfloat16":
+        return Precision("bfloat16", asked, f"asked for; the CPU's {', '.join(found)}")
+    elif cfg.num_examples is not None:
+        why = "a run on a slice of the corpus (the chapter's, tiny, every edition)"
+    elif not big_work(cfg, tgt_size):
+        why = "small work: the output layer's products are below the threads' big work"
+    else:
+        return Precision("bfloat16", asked, "a run on the whole corpus with big work; the "
+                         f"CPU's {', '.join(found)}")
+    return Precision("float32", asked, why)
+
+
+def settle(cfg, tgt_size, ctxs, *, fast=True, log=None):
+    """A run's precision, once, before its first kernel: `choose`'s, its `Precision.notice`
+    on `log` (a stream) when there is one, then oneDNN's instruction set for it
+    (`cpu_math.settle`). Returns the `Precision`."""
+    chosen = choose(cfg, tgt_size, ctxs, fast=fast)
+    if chosen.notice() and log is not None:
+        print(chosen.notice(), file=log)
+    cpu_math.settle(cfg, bfloat16=chosen.bfloat16)
+    return chosen
