@@ -24,12 +24,11 @@ import weakref
 from collections import OrderedDict
 
 import mxnet as mx
-import numpy as onp
-from mxnet.gluon import nn
 
 from .. import _gluon, _graphs, kernels
 from ..attention import DotProductAttention, MultiHeadAttention
 from ..layers import AddNorm
+from . import bfloat16
 from .loss import MaskedSoftmaxCELoss
 
 
@@ -102,31 +101,12 @@ class FusedMaskedSoftmaxCELoss(MaskedSoftmaxCELoss):
                                   self.reduction == "token")  # (batch,)
 
 
-BFLOAT16 = onp.dtype([("bfloat16", onp.uint16)])  # how MXNet 1.9 names bfloat16 (contrib.amp)
-
-
-class Bfloat16Dense(nn.Dense):
-    """A Dense layer whose product runs in bfloat16 (the weight and the input rounded to it,
-    oneDNN accumulating in float32), its output given back as float32: the master weight, its
-    gradient and everything around the product stay float32."""
-
-    def hybrid_forward(self, F, x, weight, bias=None):
-        if F is not mx.sym:
-            return super().hybrid_forward(F, x, weight, bias)
-        args = [F.amp_cast(a.as_nd_ndarray(), dtype=BFLOAT16)
-                for a in (x, weight) + (() if bias is None else (bias,))]
-        out = F.FullyConnected(*args, no_bias=bias is None, num_hidden=self.weight.shape[0],
-                               flatten=_gluon.dense_flatten(self))
-        out = F.amp_cast(out, dtype="float32").as_np_ndarray()
-        return out if self.act is None else self.act(out)
-
-
 _FUSED = {MultiHeadAttention: FusedMultiHeadAttention, AddNorm: FusedAddNorm,
           DotProductAttention: GraphDotProductAttention,
           MaskedSoftmaxCELoss: FusedMaskedSoftmaxCELoss}
 
 
-_BFLOAT16 = {**_FUSED, nn.Dense: Bfloat16Dense}  # the products in bfloat16 too
+_BFLOAT16 = {**_FUSED, **bfloat16.CLASSES}  # the products in bfloat16 too
 _MIRRORS = weakref.WeakKeyDictionary()  # graph -> (the graph `run` calls, the kernels' mode)
 
 
