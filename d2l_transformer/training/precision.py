@@ -18,7 +18,10 @@ computes in float32 and says why in one line (`Precision.notice`).
 
 import dataclasses
 
+import mxnet as mx
+
 from .._runtime import cpu_math, threads
+from .bfloat16 import BFLOAT16
 
 UNITS = ("amx_bf16", "avx512_bf16")  # the CPU's bfloat16 units, as /proc/cpuinfo names them
 
@@ -88,11 +91,27 @@ def choose(cfg, tgt_size, ctxs, *, fast=True, flags=None):
 
 
 def settle(cfg, tgt_size, ctxs, *, fast=True, log=None):
-    """A run's precision, once, before its first kernel: `choose`'s, its `Precision.notice`
-    on `log` (a stream) when there is one, then oneDNN's instruction set for it
-    (`cpu_math.settle`). Returns the `Precision`."""
+    """A run's precision, once, before its first kernel: `choose`'s, then oneDNN's instruction
+    set for it (`cpu_math.settle`); float32 after all where this process's oneDNN computes no
+    bfloat16 product (`_bfloat16_runs`); its `Precision.notice` on `log` (a stream) when there
+    is one. Returns the `Precision`."""
     chosen = choose(cfg, tgt_size, ctxs, fast=fast)
+    cpu_math.settle(cfg, bfloat16=chosen.bfloat16)
+    if chosen.bfloat16 and not _bfloat16_runs():
+        chosen = Precision("float32", chosen.asked, "this process's oneDNN has no bfloat16 "
+                           "kernels (capped below AVX-512 before this run's first kernel)")
     if chosen.notice() and log is not None:
         print(chosen.notice(), file=log)
-    cpu_math.settle(cfg, bfloat16=chosen.bfloat16)
     return chosen
+
+
+def _bfloat16_runs():
+    """Whether oneDNN computes a bfloat16 product in this process: it has no bfloat16 kernels
+    below AVX-512 and reads its instruction set once, at its first kernel, so a process whose
+    first kernel ran capped at AVX2 (`cpu_math`) keeps the cap."""
+    one = mx.nd.amp_cast(mx.nd.ones((1, 1)), dtype=BFLOAT16)
+    try:
+        mx.nd.FullyConnected(one, one, num_hidden=1, no_bias=True).wait_to_read()
+    except mx.base.MXNetError:
+        return False
+    return True
