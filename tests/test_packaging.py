@@ -222,7 +222,7 @@ def test_every_function_is_at_most_60_code_lines():
 
 
 GLUON_PRIVATE = {"_children", "_cached_op", "_cached_graph", "_clear_cached_op", "_rate",
-                 "_epsilon", "_units", "_kwargs", "_reg_params",
+                 "_epsilon", "_units", "_kwargs", "_reg_params", "_flatten",
                  "_params"}  # Gluon blocks' (and their ParameterDicts') private attributes
 def test_gluon_block_internals_are_read_in_one_module():
     """Only `_gluon.py` reads or writes a Gluon block's private attributes (a new MXNet that

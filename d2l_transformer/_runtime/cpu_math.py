@@ -196,8 +196,7 @@ def describe(device="cpu"):
     elif _state["reason"]:
         record["why"] = f"not pinned: {_state['reason']}"
     elif _state["settled"] == "lifted":
-        record["why"] = ("a run on the whole corpus or in bfloat16: oneDNN on every instruction "
-                         "set of this CPU")
+        record["why"] = "a run on the whole corpus: oneDNN on every instruction set of this CPU"
     elif record["openblas"] not in (None, OPENBLAS_CORE[1]):
         record["why"] = f"OpenBLAS ran its {record['openblas']} kernels (MXNet imported first)"
     elif record["threads"] != 1:
