@@ -199,7 +199,7 @@ def run_row(key, quick, params_path):
         return full_train_row(s, key.startswith("train_full_fast"), os.path.dirname(params_path),
                               "bfloat16" if key.endswith("_bf16") else "float32")
     if key.startswith("gemm_"):
-        return gemm_row(key)
+        return gemm_row(key, quick)
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("translate_"):

@@ -6,7 +6,7 @@ warm-up calls, in GFLOP/s (2 n^3 per product). Each returns ``(value, extra figu
 
 import time
 
-N, CALLS = 2048, 10
+N, QUICK_N, CALLS = 2048, 256, 10  # --quick: a small product (a smoke test, not a figure)
 
 
 def _best(run, sync):
@@ -21,9 +21,10 @@ def _best(run, sync):
     return min(times)
 
 
-def gemm_row(key):
+def gemm_row(key, quick=False):
     """``gemm_mxnet_float32``, ``gemm_mxnet_bfloat16``, ``gemm_torch_float32``,
     ``gemm_torch_bfloat16``: GFLOP/s of one n x n x n product."""
+    n = QUICK_N if quick else N
     import d2l_transformer as d2t
     from d2l_transformer._runtime import cpu_math, threads
     _, framework, dtype = key.split("_")
@@ -35,9 +36,9 @@ def gemm_row(key):
             return float("nan"), {"skipped": reason}
         import torch
         torch.set_num_threads(threads.threads_for(threads.BIG_WORK) or torch.get_num_threads())
-        a, b = (torch.rand(N, N, dtype=getattr(torch, dtype)) for _ in range(2))
+        a, b = (torch.rand(n, n, dtype=getattr(torch, dtype)) for _ in range(2))
         seconds = _best(lambda: a @ b, lambda out: None)
-        return 2 * N ** 3 / seconds / 1e9, {"threads": torch.get_num_threads()}
+        return 2 * n ** 3 / seconds / 1e9, {"threads": torch.get_num_threads()}
     import mxnet as mx
 
     from d2l_transformer.training import precision
@@ -45,9 +46,9 @@ def gemm_row(key):
     if chosen.name != dtype:
         return float("nan"), {"skipped": chosen.why}
     used = threads.size_for(threads.BIG_WORK)  # every core, as the (h) rows
-    a, b = (mx.nd.random.uniform(shape=(N, N)) for _ in range(2))
+    a, b = (mx.nd.random.uniform(shape=(n, n)) for _ in range(2))
     if dtype == "bfloat16":
         a, b = (mx.nd.amp_cast(x, dtype=precision.BFLOAT16) for x in (a, b))
-    seconds = _best(lambda: mx.nd.FullyConnected(a, b, num_hidden=N, no_bias=True),
+    seconds = _best(lambda: mx.nd.FullyConnected(a, b, num_hidden=n, no_bias=True),
                     lambda out: out.wait_to_read())
-    return 2 * N ** 3 / seconds / 1e9, {"threads": used}
+    return 2 * n ** 3 / seconds / 1e9, {"threads": used}
