@@ -107,7 +107,7 @@ _FUSED = {MultiHeadAttention: FusedMultiHeadAttention, AddNorm: FusedAddNorm,
 
 
 _BFLOAT16 = {**_FUSED, **bfloat16.CLASSES}  # the products in bfloat16 too
-_MIRRORS = weakref.WeakKeyDictionary()  # graph -> (the graph `run` calls, the kernels' mode)
+_MIRRORS = weakref.WeakKeyDictionary()  # graph -> (the graph `run` calls, (kernels, precision))
 
 
 def _mirror(block, memo, classes=_FUSED):
@@ -142,7 +142,9 @@ def run(graph, *args, precision="float32"):
     """``graph(*args)`` on the fast graph's own blocks (`_mirror`): the chapter's blocks in it
     fused, sharing `graph`'s parameters; made again when the kernels were switched since its
     trace (``D2L_TRANSFORMER_KERNELS``, a CPU or GPU context) or a block changed
-    (`_graphs.invalidate`). A graph not hybridized runs the chapter's code."""
+    (`_graphs.invalidate`) or `precision` changed. ``precision="bfloat16"``: the Dense layers
+    and the FFN in it too become `bfloat16.CLASSES`' blocks (their products in bfloat16,
+    `training.precision`). A graph not hybridized runs the chapter's code."""
     mode = (kernels.active(), precision)
     mirror, traced_with = _MIRRORS.get(graph, (None, None))
     if mirror is None or traced_with != mode or not _gluon.has_graph(mirror):

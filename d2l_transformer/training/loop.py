@@ -99,6 +99,11 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     products: rows x ``output_width`` x vocabulary, the width by default the decoder's
     ``embedding_size`` (the Transformer's; a seq2seq model's is its LSTMs' units).
 
+    ``precision="bfloat16"`` (not in the chapter; `training.precision` decides it for a run,
+    `train_model` passes its choice): the graph path's matrix products in bfloat16, the
+    weights, Adam and everything else float32 (`training.bfloat16`); the imperative step
+    ignores it.
+
     ``clip_per_token=True`` (not in the chapter) clips the gradient of the MEAN loss per target
     token to norm 1, as fairseq's and PyTorch's recipes do, instead of the chapter's gradient of
     the SUMMED loss (which, divided by the token count afterwards, is clipped at every step).

@@ -56,7 +56,8 @@ def _graph(model, loss):
 def _fast_step(model, trainer, loss, clip_per_token=False, precision="float32"):
     """The fast path's train step: one hybridized graph, `ClipAdam` (or one-pass
     clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
-    device. Same signature and meaning as the faithful step in `train_s2s_ch8`. The graph is
+    device. Same signature and meaning as the faithful step in `train_s2s_ch8`; ``precision``:
+    the graph's products' (`fused.run`, `training.precision`). The graph is
     traced again when a block in it changes (`_graphs`: DropHead rate, pruning, kernels)."""
     graph = _graph(model, loss)
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
