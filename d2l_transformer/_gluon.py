@@ -142,3 +142,9 @@ def updaters(trainer):
     """A Trainer's updaters, one per device (``Trainer._updaters``), which hold the
     optimizer's states."""
     return trainer._updaters
+
+
+def dense_flatten(dense):
+    """Whether an ``nn.Dense`` flattens its input to 2-d (``Dense._flatten``, its constructor's
+    `flatten`)."""
+    return dense._flatten

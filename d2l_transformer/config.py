@@ -64,6 +64,10 @@ class TransformerConfig:
     clip_per_token: bool = False  # True: clip the gradient of the mean loss per token to norm
     # 1 (fairseq, PyTorch recipes); False: the chapter's clip of the summed loss's gradient
     valid_sentences: int = 500  # validation during training: greedy BLEU on the first N valid pairs
+    # the graph path's matrix products: "float32", "bfloat16" (float32 master weights, Adam and
+    # checkpoints), or "auto": bfloat16 for the whole corpus's big runs on a CPU with bfloat16
+    # units, float32 otherwise (training/precision.py decides, once per run)
+    precision: str = "auto"
 
     @property
     def bugs(self):
@@ -185,6 +189,7 @@ class TransformerConfig:
 
 
 ARCHITECTURES = ("transformer", "seq2seq", "attention")  # the chapter's, 8.14's, 9.2's
+PRECISIONS = ("auto", "float32", "bfloat16")  # `precision` (training/precision.py)
 # the variants' fields (docs/variants.md), each with the value that builds the chapter's model
 VARIANTS = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0.0,
             "drophead": 0.0, "fused_qkv": False, "pos_encoding": "sincos", "tie_embeddings": "none"}
@@ -192,10 +197,12 @@ _CHOICES = {"norm": ("layer", "scale", "batch", "masked_batch"), "tokenizer": ("
             "pos_encoding": ("sincos", "none", "learned", "alibi"),
             "tie_embeddings": ("none", "target", "all"),
             "loss_reduction": ("book", "token"), "split_by": ("source", "pair"),
-            "edition": ("0.11", "0.17", "1.0"), "architecture": ARCHITECTURES}
+            "edition": ("0.11", "0.17", "1.0"), "architecture": ARCHITECTURES,
+            "precision": PRECISIONS}
 # what a resumed run may change: the schedule and regularisation, not the model or its data
 RESUMABLE = ("num_epochs", "lr", "warmup_steps", "dropout", "layerdrop", "drophead",
-             "label_smoothing", "beta1", "beta2", "epsilon", "clip_per_token", "valid_sentences")
+             "label_smoothing", "beta1", "beta2", "epsilon", "clip_per_token", "valid_sentences",
+             "precision")
 
 
 def _coerce(name, kind, value):

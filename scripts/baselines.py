@@ -133,9 +133,13 @@ def _torch_model(cfg, src_size, tgt_size):
     return model
 
 
-def train_torch(batches, src_size, tgt_size, cfg, epochs, threads):
+def train_torch(batches, src_size, tgt_size, cfg, epochs, threads, autocast=False):
     """PyTorch eager on `threads` threads (None: PyTorch's own choice): (target tokens/s,
-    extra)."""
+    extra). ``autocast``: the forward pass under ``torch.autocast("cpu", dtype=torch.bfloat16)``
+    (PyTorch's mixed precision: its products in bfloat16, float32 weights and optimizer), the
+    loss on float32 logits."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
@@ -153,7 +157,9 @@ def train_torch(batches, src_size, tgt_size, cfg, epochs, threads):
 
     def step(X, X_len, Y, Y_len):
         label, label_len = Y[:, 1:], Y_len - 1  # (b, q), (b,)
-        logits = model(X, X_len, Y[:, :-1])  # (b, q, tgt_size)
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if autocast
+              else contextlib.nullcontext()):
+            logits = model(X, X_len, Y[:, :-1]).float()  # (b, q, tgt_size)
         ce = F.cross_entropy(logits.transpose(1, 2), label, reduction="none",
                              label_smoothing=cfg.label_smoothing)  # (b, q)
         ce = ce * (torch.arange(label.shape[1]) < label_len.view(-1, 1))  # (b, q), padding 0
@@ -169,7 +175,8 @@ def train_torch(batches, src_size, tgt_size, cfg, epochs, threads):
 
     model.train()
     rate, extra = _rate(data, _tokens(batches), epochs, step)
-    return rate, {**extra, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return rate, {**extra, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                  "autocast": "bfloat16" if autocast else None}
 
 
 # ---------------------------------------------------------------- GluonNLP 0.10, hybridized

@@ -56,6 +56,12 @@ Rows (each measured in its own subprocess, so that its peak resident memory is i
     the threads per workload (d2l_transformer/_runtime/threads.py); and PyTorch eager on the same slice
     (scripts/baselines.py), as many threads as the package's rows use for it.
     ``--full-preset hour``: the same rows for the `hour` preset's model (d=256, FFN 1024).
+    The fast path once more with its products in bfloat16 (``precision=bfloat16``:
+    d2l_transformer/training/precision.py; skipped on a CPU without bfloat16 units), and
+    PyTorch once more under ``torch.autocast("cpu", dtype=torch.bfloat16)``; each fast row
+    gives its products' GFLOP a pass and what they ran at. Four rows bound them: one 2048^3
+    product at its best, MXNet's FullyConnected and PyTorch's matmul, float32 and bfloat16
+    (scripts/bench_gemm.py, each once, not interleaved).
 Then the ratios. ``--only GROUP`` runs one group of rows (``--only full``: (h) alone).
 ``--quick``: TINY sizes and fewer sentences (CI, under a minute).
 ``--json PATH`` writes every figure. The decoding rows use the model the fast row trained.
@@ -81,6 +87,7 @@ from bench_common import (
 )
 from bench_decoding import batch_row, greedy_row, translate_row
 from bench_engines import ct2_row, engine_row, engine_worker
+from bench_gemm import gemm_row
 from bench_scale import scale_row
 from bench_serving import serving_row
 from bench_training import baseline_row, book_row, full_train_row, train_row
@@ -121,6 +128,12 @@ ROWS = [  # key, label
     ("train_full_fast", "(h) full preset train, fast target tokens/s"),
     ("train_full_fast_native", "(h) full preset train, fast, native kernels tok/s"),
     ("train_full_torch", "(h) full preset train, PyTorch eager target tokens/s"),
+    ("train_full_fast_bf16", "(h) full preset train, fast, bfloat16 products tok/s"),
+    ("train_full_torch_bf16", "(h) full preset train, PyTorch autocast bfloat16 tok/s"),
+    ("gemm_mxnet_float32", "(h) one 2048^3 product, MXNet float32 GFLOP/s"),
+    ("gemm_mxnet_bfloat16", "(h) one 2048^3 product, MXNet bfloat16 GFLOP/s"),
+    ("gemm_torch_float32", "(h) one 2048^3 product, PyTorch float32 GFLOP/s"),
+    ("gemm_torch_bfloat16", "(h) one 2048^3 product, PyTorch bfloat16 GFLOP/s"),
 ]
 RATIOS = [  # label, numerator, denominator
     ("(a) train ratio fast/faithful", "train_fast", "train_faithful"),
@@ -147,6 +160,12 @@ RATIOS = [  # label, numerator, denominator
     ("(h) full preset train ratio fast/PyTorch eager", "train_full_fast", "train_full_torch"),
     ("(h) full preset train ratio fast/fast on native kernels", "train_full_fast",
      "train_full_fast_native"),
+    ("(h) full preset train ratio fast bfloat16/fast float32", "train_full_fast_bf16",
+     "train_full_fast"),
+    ("(h) full preset train ratio fast bfloat16/PyTorch autocast", "train_full_fast_bf16",
+     "train_full_torch_bf16"),
+    ("(h) full preset train ratio PyTorch autocast/PyTorch float32", "train_full_torch_bf16",
+     "train_full_torch"),
 ]
 GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)",
           "translation": "(f)", "serving": "(g)",
@@ -155,7 +174,7 @@ GROUPS = {"training": "(a)", "decoding": "(b)", "batched": "(c)", "scale": "(e)"
 REPEATED = ("train_book", "train_faithful", "train_fast", "train_fast_nokernels",
             "train_fast_native", "train_torch", "train_gluonnlp", "train_full_imperative",
             "train_full_imperative_mxnet", "train_full_fast", "train_full_fast_native",
-            "train_full_torch")
+            "train_full_torch", "train_full_fast_bf16", "train_full_torch_bf16")
 ROW_ENV = {"train_full_imperative_mxnet": {"D2L_TRANSFORMER_THREADS": "mxnet"},  # its process's
            "train_fast_native": {"D2L_TRANSFORMER_CPU": "native"},  # d2l_transformer/_runtime/cpu_math.py
            "train_full_fast_native": {"D2L_TRANSFORMER_CPU": "native"},
@@ -174,11 +193,13 @@ def run_row(key, quick, params_path):
             return train_row(s, True, None)
     if key == "train_fast_native":  # the fast path, its process on the CPU's own kernels
         return train_row(s, True, None)
-    if key in ("train_torch", "train_gluonnlp", "train_full_torch"):
+    if key in ("train_torch", "train_gluonnlp", "train_full_torch", "train_full_torch_bf16"):
         return baseline_row(s, key, os.path.dirname(params_path))
     if key.startswith("train_full_"):
-        return full_train_row(s, key in ("train_full_fast", "train_full_fast_native"),
-                              os.path.dirname(params_path))
+        return full_train_row(s, key.startswith("train_full_fast"), os.path.dirname(params_path),
+                              "bfloat16" if key.endswith("_bf16") else "float32")
+    if key.startswith("gemm_"):
+        return gemm_row(key, quick)
     if key.startswith("train_"):
         return train_row(s, key == "train_fast", params_path)
     if key.startswith("translate_"):

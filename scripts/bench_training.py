@@ -65,20 +65,24 @@ def _full_slice(s, cache_dir):
     return out
 
 
-def full_train_row(s, fast, cache_dir):
+def full_train_row(s, fast, cache_dir, precision="float32"):
     """(h) target tokens/s of `train_s2s_ch8` on the `full` preset's slice (`_full_slice`),
     its model, trainer (Adam, warmup) and loss (label smoothing, per-token), imperative
-    (``fast=False``) or fast; every pass over the slice after the first is timed."""
+    (``fast=False``) or fast, its products in `precision` (as `train_model` settles it:
+    `training.precision.settle`); every pass over the slice after the first is timed. Extra:
+    the products' floating-point operations per pass (`step_flops`) and what they ran at."""
     import mxnet as mx
     from mxnet import init
 
     import d2l_transformer as d2t
-    from d2l_transformer._runtime import cpu_math as _cpu_math
+    from d2l_transformer.training import precision as _precision
     from d2l_transformer.training.loss import MaskedSoftmaxCELoss
     from d2l_transformer.training.optim import config_trainer
-    cfg = s["full_cfg"]
     src_size, tgt_size, arrays = _full_slice(s, cache_dir)
-    work = _cpu_math.settle(cfg, tgt_size)  # as `train_model` does: machine-bound, oneDNN uncapped
+    cfg = s["full_cfg"].replace(precision=precision)
+    chosen, work = _precision.settle(cfg, tgt_size, mx.cpu(), fast=fast)  # before the first kernel
+    if chosen.name != precision:
+        return float("nan"), {"skipped": chosen.why}
     batches = [[mx.np.array(a, dtype="float32") for a in batch] for batch in arrays]
     tokens = sum(float(Y_len.sum() - len(Y_len)) for *_, Y_len in arrays)  # Y_valid_len - 1
     d2t.set_seed(0)  # both paths: the same initial weights
@@ -89,31 +93,53 @@ def full_train_row(s, fast, cache_dir):
     stamps = []
     summary = d2t.train_s2s_ch8(model, batches, cfg.lr, s["full_epochs"], mx.cpu(),
                                 trainer=trainer, loss=loss, fast=fast, work=work,
+                                precision=chosen.name,
                                 on_epoch=lambda epoch, loss: stamps.append(time.time()))
     rate = tokens * (len(stamps) - 1) / (stamps[-1] - stamps[0])
     shapes = sorted({(X.shape[0], X.shape[1], Y.shape[1]) for X, _, Y, _ in arrays})
+    flops = sum(step_flops(cfg, X.shape[0], X.shape[1], Y.shape[1] - 1, tgt_size)
+                for X, _, Y, _ in arrays)
     return rate, {"loss": summary["loss"], "batches": len(arrays), "tokens_per_pass": tokens,
-                  "passes_timed": len(stamps) - 1, "shapes": len(shapes)}
+                  "passes_timed": len(stamps) - 1, "shapes": len(shapes),
+                  "precision": chosen.name, "product_gflop_per_pass": flops / 1e9,
+                  "product_gflops": flops / 1e9 * rate / tokens,
+                  "detail": f"{chosen.name}; products {flops / 1e9:.0f} GFLOP a pass, "
+                            f"{flops / 1e9 * rate / tokens:.0f} GFLOP/s achieved"}
+
+
+def step_flops(cfg, batch, src_len, tgt_len, tgt_size):
+    """Floating-point operations of one training step's matrix products (forward and the two
+    backward products, 3 x 2 x multiply-adds): every Dense layer (the attention projections,
+    the FFNs, the output layer) and the attention cores' two batched products, for a batch of
+    `batch` sentences, `src_len` source and `tgt_len` target positions."""
+    d, f, n = cfg.embedding_size, cfg.ffn_hidden_size, cfg.num_layers
+    src, tgt = batch * src_len, batch * tgt_len  # rows
+    encoder = src * (4 * d * d + 2 * d * f + 2 * src_len * d)  # projections, FFN, QK^T and AV
+    decoder = tgt * (4 * d * d + 2 * tgt_len * d) + tgt * (2 * d * d + 2 * src_len * d) \
+        + src * 2 * d * d + tgt * 2 * d * f  # self-attention, cross-attention (K, V on src), FFN
+    return 6 * (n * (encoder + decoder) + tgt * d * tgt_size)
 
 
 def baseline_row(s, key, cache_dir):
-    """(a) ``train_torch`` / ``train_gluonnlp``, (h) ``train_full_torch``: the same model in
-    PyTorch eager or GluonNLP 0.10 hybridized (scripts/baselines.py) on the batches of the
-    package's rows (NumPy copies), target tokens/s over epochs 2..; PyTorch on the threads the
-    package's loop takes for that work (`_runtime.threads.threads_for` of the run's work),
-    in the environment the user had (`_runtime.environ`: PyTorch is not the package's)."""
+    """(a) ``train_torch`` / ``train_gluonnlp``, (h) ``train_full_torch`` (``_bf16``: under
+    ``torch.autocast`` to bfloat16): the same model in PyTorch eager or GluonNLP 0.10
+    hybridized (scripts/baselines.py) on the batches of the package's rows (NumPy copies),
+    target tokens/s over epochs 2..; PyTorch on the threads the package's loop takes for that
+    work (`_runtime.threads.threads_for` of the run's work), in the environment the user had
+    (`_runtime.environ`: PyTorch is not the package's)."""
     import baselines
 
     from d2l_transformer._runtime import environ
     from d2l_transformer._runtime.threads import run_work, threads_for
     package = "gluonnlp" if key == "train_gluonnlp" else "torch"
+    autocast = key.endswith("_bf16")  # torch.autocast("cpu", dtype=torch.bfloat16)
     if package == "torch":  # before PyTorch loads: it reads OMP_NUM_THREADS, its oneDNN the cap
         environ.restore_user_environ()
     reason = baselines.missing(package)
     if reason:
         return float("nan"), {"skipped": reason}
-    if key == "train_full_torch":
-        cfg, epochs = s["full_cfg"], s["full_epochs"]
+    if key.startswith("train_full_torch"):
+        cfg, epochs = s["full_cfg"], s["full_epochs"]  # no AVX2 cap: the user's environment
         src_size, tgt_size, batches = _full_slice(s, cache_dir)
     else:
         cfg, epochs = s["cfg"], s["epochs"]
@@ -123,7 +149,7 @@ def baseline_row(s, key, cache_dir):
     if package == "gluonnlp":
         return baselines.train_gluonnlp(batches, src_size, tgt_size, cfg, epochs)
     threads = threads_for(run_work(cfg, tgt_size))  # as `train_model` sizes the package's rows
-    return baselines.train_torch(batches, src_size, tgt_size, cfg, epochs, threads)
+    return baselines.train_torch(batches, src_size, tgt_size, cfg, epochs, threads, autocast)
 
 
 def _oracle(name):

@@ -224,7 +224,7 @@ def test_every_function_is_at_most_60_code_lines():
 # Gluon blocks' (and their ParameterDicts', Parameters', Trainers') private attributes
 GLUON_PRIVATE = {"_children", "_cached_op", "_cached_graph", "_clear_cached_op", "_rate",
                  "_epsilon", "_units", "_kwargs", "_reg_params", "_params", "_data",
-                 "_updaters", "_collect_params_with_prefix", "_scope"}
+                 "_updaters", "_collect_params_with_prefix", "_scope", "_flatten"}
 def test_gluon_block_internals_are_read_in_one_module():
     """Only `_gluon.py` reads or writes a Gluon block's private attributes (a new MXNet that
     renames one breaks that module only); everywhere else uses its functions or public API."""

@@ -131,26 +131,52 @@ def too_late():
     return late
 
 
-def settle(cfg, tgt_size):
+def settle(cfg, tgt_size, bfloat16=False):
     """Before a training run of `cfg` with `tgt_size` target tokens computes (or a model of it
     is loaded): keep oneDNN capped for a pinned run, lift the cap for a machine-bound one
     (`threads.is_big` of its `threads.run_work`: the `full` presets'), which runs on every core
     anyway, so that its numbers depend on the machine already, and which the cap would cost
-    speed (docs/benchmarks.md, "The CPU math"). OpenBLAS stays on its Haswell kernels: they
-    are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its first kernel, so the
-    first run of a process decides for the process: `train_model` and `checkpoint.load` call
-    this before their first kernel; later calls change nothing. Starts the run's record of
-    its threads (`threads.begin`); returns the run's work."""
+    speed (docs/benchmarks.md, "The CPU math"), and for a run whose products compute in
+    bfloat16 (``bfloat16``: `training.precision`; oneDNN has no bfloat16 kernels below
+    AVX-512), for which it also asks for AMX (`allow_amx`). OpenBLAS stays on its Haswell
+    kernels: they are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its first
+    kernel, so the first run of a process decides for the process: `train_model` and
+    `checkpoint.load` call this before their first kernel; later calls change nothing. Starts
+    the run's record of its threads (`threads.begin`); returns the run's work."""
     work = threads.run_work(cfg, tgt_size)
     threads.begin()
     if _state["settled"]:
         return work
-    lift = _state["mode"] == "pinned" and not _state["reason"] and threads.is_big(work)
+    lift = _state["mode"] == "pinned" and not _state["reason"] and \
+        (threads.is_big(work) or bfloat16)
     _state["settled"] = "lifted" if lift else "capped"
     if lift:
         environ.release(ISA_CAP[0])  # a cap the user set stays
+    if bfloat16:
+        allow_amx()
     _state["isa_cap"] = os.environ.get(ISA_CAP[0])
     return work
+
+
+AMX = "AVX512_CORE_AMX"  # oneDNN 2.4 uses AMX only when its cap names it
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # Linux x86-64
+
+
+def allow_amx(flags=None):
+    """Let oneDNN's bfloat16 products run on the CPU's AMX tiles, where it has them (`flags`:
+    its /proc/cpuinfo flags by default) and the user set no oneDNN cap of their own: Linux lends
+    a process the tiles' state only when it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM)``; an AMX
+    instruction without it kills the process, SIGILL), and oneDNN 2.4 neither asks nor uses AMX
+    unless ``DNNL_MAX_CPU_ISA`` names it. Before oneDNN's first kernel. Returns whether AMX was
+    allowed."""
+    flags = cpu_flags() if flags is None else flags
+    if not {"amx_bf16", "amx_tile"} <= set(flags or ()) or environ.users(ISA_CAP[0]):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        return False  # a kernel without the request (before Linux 5.16) has no AMX for us
+    environ.claim(ISA_CAP[0], AMX)
+    return True
 
 
 def openblas_core():

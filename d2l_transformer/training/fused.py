@@ -32,6 +32,7 @@ import mxnet as mx
 from .. import _gluon, _graphs, kernels
 from ..attention import DotProductAttention, MultiHeadAttention
 from ..layers import AddNorm
+from . import bfloat16
 from .loss import MaskedSoftmaxCELoss
 
 
@@ -109,7 +110,10 @@ _FUSED = {MultiHeadAttention: FusedMultiHeadAttention, AddNorm: FusedAddNorm,
           MaskedSoftmaxCELoss: FusedMaskedSoftmaxCELoss}
 
 
-def _mirror(block, memo):
+_BFLOAT16 = {**_FUSED, **bfloat16.CLASSES}  # the products in bfloat16 too
+
+
+def _mirror(block, memo, classes=_FUSED):
     """The fast graph's own copy of `block`: `block` itself where nothing under it is fused;
     else a new block of its fused class (or its own) with `block`'s state and parameters (the
     same Parameter objects) and its children mirrored (`_gluon.copy_block`). The caller's
@@ -117,8 +121,8 @@ def _mirror(block, memo):
     if id(block) in memo:
         return memo[id(block)]
     own = _gluon.children(block)
-    children = OrderedDict((n, _mirror(c, memo)) for n, c in own.items())
-    cls = _FUSED.get(type(block), type(block))
+    children = OrderedDict((n, _mirror(c, memo, classes)) for n, c in own.items())
+    cls = classes.get(type(block), type(block))
     if cls is type(block) and all(c is own[n] for n, c in children.items()):
         memo[id(block)] = block
         return block
@@ -139,17 +143,20 @@ class FastGraph:
     (`_graphs.invalidate`). A graph not hybridized runs the chapter's code. ``traced`` is the
     graph called: the copy with the kernels (`graph` itself when nothing in it is fused), None
     before the first call. The copy is this object's alone (no cache keyed by `graph` holds
-    it): dropping the `FastGraph` and `graph` frees both, their traced graphs and buffers."""
+    it): dropping the `FastGraph` and `graph` frees both, their traced graphs and buffers.
+    ``precision="bfloat16"``: the Dense layers and the FFN in it too become `bfloat16.CLASSES`'
+    blocks (their products in bfloat16, `training.precision`), decided once per run."""
 
-    def __init__(self, graph):
-        self.graph = graph
+    def __init__(self, graph, precision="float32"):
+        self.graph, self.precision = graph, precision
+        self.classes = _BFLOAT16 if precision == "bfloat16" else _FUSED
         self.traced = None
         self._mode = None  # the kernels' mode `traced` was made with
 
     def __call__(self, *args):
         mode = kernels.active()
         if self.traced is None or self._mode != mode or not _gluon.has_graph(self.traced):
-            self.traced = _mirror(self.graph, {})
+            self.traced = _mirror(self.graph, {}, self.classes)
             if self.traced is not self.graph:
                 _graphs.track_copy(self.traced, self.graph)  # weakly: nothing kept alive
             self._mode = mode

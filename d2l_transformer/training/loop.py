@@ -56,7 +56,7 @@ def check_one_device(reduction, ctxs, kvstore):
 def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, trainer=None,
                   loss=None, start_epoch=1, epoch_seed=None, reseed_from=1, on_batch=None,
                   report_every=50, fast=False, kvstore=None, clip_per_token=False,
-                  size_threads=True, output_width=None, work=None):
+                  size_threads=True, output_width=None, work=None, precision="float32"):
     """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
 
     Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
@@ -104,6 +104,11 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     (`steps.output_layer_width`: the Transformer's ``embedding_size``, a seq2seq model's LSTM
     units).
 
+    ``precision="bfloat16"`` (not in the chapter; `training.precision` decides it for a run,
+    `train_model` passes its choice): the graph path's matrix products in bfloat16, the
+    weights, Adam and everything else float32 (`training.bfloat16`); the imperative step
+    ignores it.
+
     ``clip_per_token=True`` (not in the chapter) clips the gradient of the MEAN loss per target
     token to norm 1, as fairseq's and PyTorch's recipes do, instead of the chapter's gradient of
     the SUMMED loss (which, divided by the token count afterwards, is clipped at every step).
@@ -123,7 +128,8 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     parallel = data_parallel(ctxs, kvstore)
     check_one_device(getattr(loss, "reduction", None), ctxs, kvstore)
     fast = fast and traceable(model)
-    step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token)
+    step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token,
+                        precision)
     width = size_threads and (output_width or output_layer_width(model.decoder))
     history = []
     health = getattr(step, "health", None)  # `ClipAdam.health` of a fast step, or None
@@ -158,15 +164,16 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     }
 
 
-def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token):
+def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token,
+                 precision="float32"):
     """The step of one batch, chosen once: `_parallel_step` on several devices or workers,
     `_fast_step` (the graph) on one, else the chapter's imperative step. Each returns the
     batch's summed loss and its number of tokens (device arrays on the fast path)."""
     if parallel:
         return _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
-                              clip_per_token)
+                              clip_per_token, precision)
     if fast:
-        return _fast_step(model, trainer, loss, clip_per_token)
+        return _fast_step(model, trainer, loss, clip_per_token, precision)
     return _imperative_step(model, trainer, loss, clip_per_token)
 
 

@@ -13,6 +13,7 @@ from ..build import build_model
 from ..data import load_data, open_data, split_corpus
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..io import lock
+from . import precision
 from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
@@ -74,9 +75,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     model, Xavier-initialise it, then `train_s2s_ch8` with MXNet's RNG reseeded at each epoch
     (``seed * SEED_STRIDE + epoch``) and NumPy's and Python's streams (the batch order) saved
     with every checkpoint, so that a run resumed at an epoch boundary repeats an uninterrupted
-    one exactly. ``fast`` (the default) trains on the hybridized graph path; the
-    chapter's imperative loop runs with ``fast=False`` and always in exact mode
-    (``cfg.exact_chapter``). The summary ends with the chapter's four translations.
+    one exactly. ``fast`` (the default) trains on the hybridized graph path, its products in
+    `precision.settle`'s precision; the chapter's imperative loop runs with ``fast=False`` and
+    always in exact mode (``cfg.exact_chapter``). The summary ends with its four translations.
 
     Exact mode is the chapter's own seeded run, epoch for epoch: epoch 1 is not reseeded, so
     the deferred Xavier initialisation at its first batch draws from MXNet's stream seeded
@@ -92,8 +93,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     there (without either, an existing model directory is refused: `check_out_dir`, which also
     refuses any directory that is not a model directory). While the run trains ``out_dir`` it
     holds its lock (`io.lock`, taken before anything is written): a second run into the same
-    directory is refused at once. ``progress``: a `ProgressBar` on stderr.
-    ``log``: where the one-line status messages go (stderr).
+    directory is refused at once. ``progress``: a `ProgressBar` on stderr. ``log``: where the
+    one-line status messages go (stderr).
 
     Validation (`validation.Validator`, for a config with a valid part): every ``valid_every``
     epochs (None: 1 when ``cfg.num_valid``, else never; 0: never) the valid loss and greedy
@@ -119,7 +120,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
         set_seed(seed)
         run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
-        run.work = _runtime.cpu_math.settle(cfg, len(run.tgt_vocab))  # pinned or machine-bound
+        run.precision, run.work = precision.settle(cfg, len(run.tgt_vocab), run.ctxs,
+                                                   fast=run.fast, log=run.log)  # pinned or not
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
         run.set_up_validation()
@@ -230,7 +232,7 @@ class _Run:
     def set_up_validation(self):
         """The `Validator` (if validating), early stopping, the epochs kept for averaging."""
         cfg, summary = self.cfg, self.summary
-        summary["fast"] = self.fast
+        summary.update(fast=self.fast, precision=self.precision.record())  # what computed
         self.validator = Validator(
             self.model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
                                      self.data, cfg.split_by).valid,
@@ -247,10 +249,10 @@ class _Run:
         where = ",".join(map(str, ctxs)) + (f", worker {self.rank} of {num_workers}"
                                             if num_workers > 1 else "")
         print(f"training {cfg.num_epochs} epochs (from epoch {self.start_epoch}) on {where}, "
-              f"{'fast graph' if self.fast else 'imperative'} path: {len(self.src_vocab)} "
-              f"source / {len(self.tgt_vocab)} target tokens, {len(self.train_iter)} batches "
-              "per epoch" + (f"; model directory {self.out_dir}" if self.out_dir else ""),
-              file=self.log)
+              f"{'fast graph' if self.fast else 'imperative'} path, {self.precision.name}: "
+              f"{len(self.src_vocab)} source / {len(self.tgt_vocab)} target tokens, "
+              f"{len(self.train_iter)} batches per epoch"
+              + (f"; model directory {self.out_dir}" if self.out_dir else ""), file=self.log)
         self.tic = time.time()
         if self.resume and "rng_state" in self.summary:
             set_rng_state(self.summary["rng_state"])
@@ -268,7 +270,7 @@ class _Run:
                 reseed_from=2 if cfg.exact_chapter else 1,  # exact: Xavier from the seed, as the book
                 fast=self.fast, kvstore=self.kvstore, on_batch=self.bar,
                 clip_per_token=cfg.clip_per_token, size_threads=not cfg.exact_chapter,
-                work=self.work)  # exact: the book's code's threads
+                work=self.work, precision=self.precision.name)  # exact: the book's threads
         finally:
             if self.bar is not None:
                 self.bar.close()

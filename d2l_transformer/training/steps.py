@@ -69,21 +69,23 @@ def _imperative_step(model, trainer, loss, clip_per_token=False):
     return step
 
 
-def _graph(model, loss):
-    """The hybridized `TrainGraph` with the kernels in place (`fused.FastGraph`), traced again
-    when a block in it changes (`_graphs`: DropHead rate, pruning). The step that calls it is
-    its only holder: dropping the step frees the graph, its copy and their buffers."""
+def _graph(model, loss, precision="float32"):
+    """The hybridized `TrainGraph` with the kernels in place (`fused.FastGraph`; its products
+    in `precision`, `training.precision`), traced again when a block in it changes (`_graphs`:
+    DropHead rate, pruning). The step that calls it is its only holder: dropping the step frees
+    the graph, its copy and their buffers."""
     graph = _graphs.track(TrainGraph(model, loss))
     graph.hybridize(static_alloc=True, static_shape=True)
-    return fused.FastGraph(graph)
+    return fused.FastGraph(graph, precision)
 
 
-def _fast_step(model, trainer, loss, clip_per_token=False):
+def _fast_step(model, trainer, loss, clip_per_token=False, precision="float32"):
     """The fast path's train step: one hybridized graph, `ClipAdam` (or one-pass
     clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
-    device. Same signature and meaning as the faithful step in `train_s2s_ch8`. The graph is
+    device. Same signature and meaning as the faithful step in `train_s2s_ch8`; ``precision``:
+    the graph's products' (`fused.FastGraph`, `training.precision`). The graph is
     traced again when a block in it changes (`_graphs`: DropHead rate, pruning, kernels)."""
-    graph = _graph(model, loss)
+    graph = _graph(model, loss, precision)
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first step's deferred initialisation
 
@@ -108,7 +110,8 @@ def _fast_step(model, trainer, loss, clip_per_token=False):
     return step
 
 
-def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_token=False):
+def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_token=False,
+                   precision="float32"):
     """Data parallelism: the same step as on one device, on several at once.
 
     The batch is split across ``ctxs`` (`gluon.utils.split_and_load`); every device runs the
@@ -122,7 +125,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first allreduce (the kvstore exists then)
     if fast:
-        graph = _graph(model, loss)
+        graph = _graph(model, loss, precision)
     else:
         def graph(X, X_vlen, Y_input, Y_label, Y_vlen):
             return loss(model(X, Y_input, X_vlen, Y_vlen)[0], Y_label, Y_vlen)

@@ -1,0 +1,159 @@
+"""The precision of a run's products: chosen once per run (training/precision.py), bfloat16
+products with float32 master weights, optimizer states and checkpoints."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as onp
+import pytest
+
+import d2l_transformer as d2t
+from d2l_transformer import checkpoint
+from d2l_transformer.config import EDITIONS, preset_config
+from d2l_transformer.training import precision
+from d2l_transformer.training.optim import config_trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+UNITS = {"flags", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+NO_UNITS = {"flags", "avx2", "fma", "avx512f"}
+needs_units = pytest.mark.skipif(not precision.units(),
+                                 reason="this CPU has no bfloat16 units (avx512_bf16, amx_bf16)")
+
+
+def _choose(cfg, flags=UNITS, tgt_size=4000, ctx=None, fast=True):
+    return precision.choose(cfg, tgt_size, ctx or mx.cpu(), fast=fast, flags=flags)
+
+
+def test_units_are_read_from_the_flags():
+    assert precision.units(UNITS) == ("amx_bf16", "avx512_bf16")
+    assert precision.units({"avx512_bf16"}) == ("avx512_bf16",)
+    assert precision.units(NO_UNITS) == ()
+
+
+@pytest.mark.parametrize("name", ["full", "full_word", "hour"])
+def test_auto_takes_bfloat16_for_the_whole_corpus_on_a_cpu_with_units(name):
+    chosen = _choose(d2t.PRESETS[name])
+    assert (chosen.name, chosen.asked) == ("bfloat16", "auto")
+    assert chosen.record()["precision"] == "bfloat16" and chosen.notice() is None
+
+
+@pytest.mark.parametrize("cfg", [d2t.CHAPTER, d2t.TINY, *EDITIONS.values(),
+                                 d2t.CHAPTER.replace(exact_chapter=True),
+                                 EDITIONS["1.0"].replace(exact_chapter=True)])
+def test_auto_keeps_every_chapter_run_float32(cfg):
+    """The chapter's, tiny, every edition and the exact runs: their numbers must not move."""
+    chosen = _choose(cfg, tgt_size=40000)  # even with a vocabulary big enough for big work
+    assert chosen.name == "float32" and chosen.notice() is None
+
+
+def test_auto_needs_big_work_and_the_graph_path():
+    small = d2t.FULL.replace(batch_size=8, num_steps=4, embedding_size=16, num_heads=2)
+    assert precision.big_work(d2t.FULL, 4000) and not precision.big_work(small, 4000)
+    assert "small work" in _choose(small).why
+    assert _choose(d2t.FULL, fast=False).name == "float32"
+    seq2seq = preset_config("full", architecture="seq2seq")
+    assert _choose(seq2seq).name == "float32"
+
+
+def test_asked_bfloat16_runs_float32_where_it_cannot_and_says_so_in_one_line(monkeypatch):
+    asked = d2t.FULL.replace(precision="bfloat16")
+    monkeypatch.setattr(precision.cpu_math, "cpu_flags", lambda: None)  # not Linux
+    for chosen, cause in [(_choose(asked, flags=NO_UNITS), "no bfloat16 units"),
+                          (_choose(asked, flags=None), "no bfloat16 units"),
+                          (_choose(asked, ctx=[mx.gpu(0)]), "on the CPU only"),
+                          (_choose(asked, fast=False), "imperative path")]:
+        assert chosen.name == "float32" and cause in chosen.why
+        assert chosen.notice().startswith("precision: bfloat16 asked, float32 runs: ")
+        assert "\n" not in chosen.notice()
+    monkeypatch.undo()
+    assert _choose(asked).name == "bfloat16"  # asked: on a slice of the corpus too
+    assert _choose(d2t.CHAPTER.replace(precision="bfloat16")).name == "bfloat16"
+    assert _choose(d2t.FULL.replace(precision="float32")).name == "float32"
+    assert _choose(d2t.FULL, flags=NO_UNITS).notice() is None  # auto falls back silently
+
+
+def test_precision_is_a_config_field_a_resumed_run_may_change():
+    cfg = d2t.FULL.with_overrides({"precision": "bfloat16"})
+    assert cfg.precision == "bfloat16" and d2t.TransformerConfig().precision == "auto"
+    with pytest.raises(ValueError, match="precision must be one of auto, float32, bfloat16"):
+        d2t.FULL.with_overrides({"precision": "float16"})
+    assert d2t.config.resume_overrides(d2t.FULL, {"precision": "float32"}).precision == "float32"
+    saved = json.loads(d2t.FULL.to_json())
+    del saved["precision"]  # a config.json written before the field existed
+    assert d2t.TransformerConfig.from_json(json.dumps(saved)).precision == "auto"
+
+
+STEP = """
+import json, d2l_transformer as d2t, mxnet as mx, numpy as onp
+from mxnet import gluon, init
+from d2l_transformer.training import precision, steps
+cfg = d2t.TINY.replace(precision="bfloat16", dropout=0.0)
+d2t.set_seed(0)  # the batch order
+src_vocab, tgt_vocab, it = d2t.load_data_nmt(16, 10, 200)
+chosen = precision.settle(cfg, len(tgt_vocab), mx.cpu())  # before the first kernel
+X, X_vlen, Y, Y_vlen = next(iter(it))
+out = {"chosen": chosen.name}
+for name in ("float32", "bfloat16"):
+    d2t.set_seed(0)
+    model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
+    model.initialize(init.Xavier(), ctx=mx.cpu())
+    trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": 0.005})
+    step = steps._fast_step(model, trainer, d2t.MaskedSoftmaxCELoss(), precision=name)
+    losses = [float(step(X, X_vlen, Y[:, :-1], Y[:, 1:], Y_vlen - 1)[0]) for _ in range(3)]
+    params = model.collect_params().values()
+    states = [s for st in trainer._updaters[0].states.values() for s in st]
+    dtypes = {p.data().dtype for p in params} | {s.dtype for s in states}
+    out[name] = {"losses": losses, "dtypes": sorted({onp.dtype(d).name for d in dtypes}),
+                 "weight": model.decoder.dense.weight.data().asnumpy().ravel()[:50].tolist()}
+print(json.dumps(out))
+"""
+
+
+@needs_units
+def test_a_bfloat16_step_is_close_to_the_float32_step_and_keeps_float32_state():
+    """Three fast steps on one batch from the same weights: the losses within 0.2% (bfloat16
+    keeps 8 bits of mantissa), the output layer's weights within a fifth of an Adam step, the
+    weights and Adam's states all float32."""
+    r = subprocess.run([sys.executable, "-c", STEP], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["chosen"] == "bfloat16"
+    f32, bf16 = out["float32"], out["bfloat16"]
+    assert f32["dtypes"] == bf16["dtypes"] == ["float32"]
+    assert f32["losses"] != bf16["losses"]  # the products did compute in bfloat16
+    for a, b in zip(f32["losses"], bf16["losses"]):
+        assert abs(a - b) <= 2e-3 * abs(a)
+    # Adam moves a weight by up to lr = 0.005 a step, whatever the gradient's size
+    assert max(abs(a - b) for a, b in zip(f32["weight"], bf16["weight"])) < 1e-3
+
+
+def _cli(*args, timeout=600):
+    r = subprocess.run([sys.executable, "-m", "d2l_transformer", *args], capture_output=True,
+                       text=True, timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
+@needs_units
+def test_a_model_trained_in_bfloat16_saves_float32_and_translates_in_a_float32_process(tmp_path):
+    out = tmp_path / "bf16"
+    _cli("train", "--preset", "tiny", "--set", "precision=bfloat16", "--out", str(out),
+         "--quiet")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["precision"]["precision"] == "bfloat16"
+    assert summary["cpu_math"]["isa_cap"] != "AVX2"  # oneDNN's bfloat16 kernels need AVX-512
+    saved = mx.nd.load(str(out / "params.params")).values()
+    assert {onp.dtype(a.dtype) for a in saved} == {onp.dtype("float32")}
+    model, _, _, cfg, _ = checkpoint.load(str(out), mx.cpu())
+    assert cfg.precision == "bfloat16"  # what it was trained with; loading computes in float32
+    assert {onp.dtype(p.data().dtype) for p in model.collect_params().values()} == {onp.dtype("float32")}
+    trainer = config_trainer(model, cfg)
+    checkpoint.load_trainer_states(str(out), trainer)  # Adam's moments, as saved
+    states = trainer._updaters[0].states.values()
+    assert {onp.dtype(s.dtype) for st in states for s in st} == {onp.dtype("float32")}
+    r = _cli("translate", "--model", str(out), "--ctx", "cpu", "go .", "i won !")
+    assert len(r.stdout.strip().splitlines()) == 2
