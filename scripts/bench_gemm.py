@@ -26,10 +26,10 @@ def gemm_row(key, quick=False):
     ``gemm_torch_bfloat16``: GFLOP/s of one n x n x n product."""
     n = QUICK_N if quick else N
     import d2l_transformer as d2t
-    from d2l_transformer._runtime import cpu_math, threads
+    from d2l_transformer._runtime import environ, threads
     _, framework, dtype = key.split("_")
     if framework == "torch":
-        cpu_math.settle(d2t.FULL)  # the cap lifted: PyTorch's oneDNN reads it too
+        environ.restore_user_environ()  # PyTorch's oneDNN reads the cap too: the user's
         import baselines
         reason = baselines.missing("torch")
         if reason:
@@ -42,7 +42,7 @@ def gemm_row(key, quick=False):
     import mxnet as mx
 
     from d2l_transformer.training import precision
-    chosen = precision.settle(d2t.FULL.replace(precision=dtype), 4000, mx.cpu())
+    chosen, _ = precision.settle(d2t.FULL.replace(precision=dtype), 4000, mx.cpu())
     if chosen.name != dtype:
         return float("nan"), {"skipped": chosen.why}
     used = threads.size_for(threads.BIG_WORK)  # every core, as the (h) rows

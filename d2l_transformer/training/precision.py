@@ -23,6 +23,7 @@ import mxnet as mx
 
 from .._runtime import cpu_math, threads
 from .bfloat16 import BFLOAT16
+from .steps import traceable
 
 UNITS = ("amx_bf16", "avx512_bf16")  # the CPU's bfloat16 units, as /proc/cpuinfo names them
 
@@ -66,7 +67,7 @@ def choose(cfg, tgt_size, ctxs, *, fast=True, flags=None):
         return Precision("float32", asked, "asked for")
     ctxs = ctxs if isinstance(ctxs, (list, tuple)) else [ctxs]
     found = units(flags)
-    if not fast:
+    if not fast or cfg.exact_chapter or not traceable(cfg):
         why = "the imperative path (exact runs, the seq2seq models, --imperative) is float32"
     elif any(c.device_type != "cpu" for c in ctxs):
         why = "MXNet 1.9.1 computes bfloat16 products on the CPU only (oneDNN)"
