@@ -80,6 +80,29 @@ def test_batch_smaller_than_device_count(data):
     assert _max_diff(one, two) < 1e-5 and _max_diff(two, two, mx.cpu(0), mx.cpu(1)) == 0
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_first_step_runs_on_the_broadcast_weights(data, fast):
+    """The first device's weights reach the others BEFORE the first forward pass (Gluon's
+    Trainer broadcasts them after the first backward, which on a dist kvstore races with the
+    gradients' pushpull): a second device that starts with other weights computes its first
+    gradient on the first device's, so the run equals the one-device run."""
+    src_vocab, tgt_vocab, batches = data
+    models = []
+    for ctx in (mx.cpu(), TWO):
+        d2t.set_seed(4)
+        model = d2t.build_model(d2t.TINY, len(src_vocab), len(tgt_vocab))
+        model.initialize(mx.init.Xavier(), ctx=ctx)
+        X, X_vlen, Y, Y_vlen = batches[0]
+        model(X, Y[:, :-1], X_vlen, Y_vlen - 1)  # the deferred initialisation, on every device
+        models.append(model)
+    for p in trainable(models[1]):
+        p.data(TWO[1])[:] += 1  # the second device's copy differs
+    for model, ctx in zip(models, (mx.cpu(), TWO)):
+        d2t.train_s2s_ch8(model, batches, 0.005, 1, ctx, trainer=d2t.make_trainer(model, 0.005),
+                          fast=fast)
+    assert _max_diff(*models) < 1e-5 and _max_diff(models[1], models[1], *TWO) == 0
+
+
 def test_trainer_updates_locally_so_the_learning_rate_applies(data):
     """update_on_kvstore=False: set_learning_rate(0) really stops the updates on 2 devices."""
     src_vocab, tgt_vocab, batches = data

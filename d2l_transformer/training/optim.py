@@ -64,10 +64,7 @@ class ClipAdam:
 
     def __init__(self, trainer, params, theta, ctxs=None, *, per_token=False):
         opt = trainer.optimizer
-        if not trainer._kv_initialized:
-            trainer._init_kvstore()
-        if trainer._params_to_init:
-            trainer._init_params()
+        init_kvstore(trainer)
         self.trainer, self.opt, self.theta, self.per_token = trainer, opt, theta, per_token
         self.indices = [trainer._param2idx[p.name] for p in params]
         self.devices = []  # per device: (device_id, weights, grads, means, vars)
@@ -139,6 +136,33 @@ class ClipAdam:
                     weights[part], grads[part], means[part], variances[part], rescale, lrs[part],
                     wds[part], [1.0] * len(lrs[part]), beta1=opt.beta1, beta2=opt.beta2,
                     epsilon=opt.epsilon, out=weights[part])
+
+
+def init_kvstore(trainer):
+    """Create the Trainer's kvstore and broadcast the initial weights to every device and worker
+    now, waiting once for those that went through a kvstore: what Gluon's Trainer does in its
+    first ``allreduce_grads`` (``_init_kvstore``, ``_init_params``), for a data-parallel step to
+    call before its first forward pass.
+
+    MXNet 1.9.1's Trainer broadcasts (kvstore ``init``, then an asynchronous ``pull``) after the
+    first backward pass, right before the ``pushpull`` of the gradients on the same keys, and on
+    a dist kvstore nothing orders the two: on the worker they write different arrays (weight,
+    gradient), ps-lite's server queue (a heap on priority) does not keep their order, and with
+    ``update_on_kvstore=False`` the pushpull's round stores the gradient SUM under the key. A
+    pull served after it gives its worker that sum as the initial weight (docs/scale-out.md).
+    Broadcast first, every gradient is computed, and pushed, after the weights it reads arrived.
+    """
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    sent = list(trainer._params_to_init)
+    if not sent:
+        return
+    trainer._init_params()  # keeps the parameters still deferred for a later call
+    if trainer._kvstore is not None:  # once: every pull served before a gradient is pushed
+        for param in sent:
+            if param not in trainer._params_to_init:
+                for data in param.list_data():
+                    data.wait_to_read()
 
 
 def grad_clipping(model, theta):
