@@ -16,12 +16,15 @@ before initialisation, ``(units, 0)`` while deferred), a block and its descendan
   (`dropout_rate`, `set_dropout_rate`, `layer_norm_eps`), for the fused kernels;
 * a block's Parameters under the structural names ``save_parameters`` writes
   (`structural_params`), whether a Parameter's initialisation is still deferred (`deferred`),
-  a Trainer's per-device updaters (`updaters`: the fused Adam's states).
+  a Trainer's per-device updaters (`updaters`: the fused Adam's states), the rest of its
+  set-up (`trainer_setup`, `trainer_index`, `set_optimizer_device`) and the broadcast of the
+  initial weights its first ``allreduce_grads`` would make (`init_kvstore`).
 
 A new MXNet that renames one of them breaks this module only (tests/test_packaging.py checks
 that no other module reads them).
 """
 
+import collections
 from collections import OrderedDict
 
 
@@ -148,3 +151,66 @@ def dense_flatten(dense):
     """Whether an ``nn.Dense`` flattens its input to 2-d (``Dense._flatten``, its constructor's
     `flatten`)."""
     return dense._flatten
+
+
+TrainerSetup = collections.namedtuple("TrainerSetup", ["devices", "kvstore", "update_on_kvstore",
+                                                       "loss_scaler", "scale"])
+
+
+def trainer_setup(trainer):
+    """What a Trainer keeps privately that the fused Adam (`training.optim.ClipAdam`) must
+    know: its number of devices (``_contexts``), its kvstore's name (``_kvstore_params``),
+    whether it updates on the kvstore (``_update_on_kvstore``, None until decided), AMP's loss
+    scaler (``_amp_loss_scaler``) and its gradient scale (``_scale``, `rescale_grad`)."""
+    return TrainerSetup(len(trainer._contexts), trainer._kvstore_params.get("kvstore"),
+                        trainer._update_on_kvstore, getattr(trainer, "_amp_loss_scaler", None),
+                        trainer._scale)
+
+
+def trainer_index(trainer, param):
+    """The index a Trainer's updaters keep `param`'s optimizer state under (``_param2idx``)."""
+    return trainer._param2idx[param.name]
+
+
+def set_optimizer_device(optimizer, device_id):
+    """Point an optimizer at the device whose states and update counts it keeps
+    (``_set_current_context``: they are per device, as MXNet's updaters keep them)."""
+    optimizer._set_current_context(device_id)
+
+
+def optimizer_step(optimizer, indices, device_id):
+    """An optimizer's bookkeeping for one update of the states `indices` on a device, as its
+    ``update`` does (``_update_count``): ``(t, learning rates, weight decays)``, t the first
+    index's update count (``_index_update_count``), the rates and decays ``_get_lrs`` and
+    ``_get_wds``'s."""
+    set_optimizer_device(optimizer, device_id)
+    optimizer._update_count(indices)
+    return (optimizer._index_update_count[indices[0]], optimizer._get_lrs(indices),
+            optimizer._get_wds(indices))
+
+
+def init_kvstore(trainer):
+    """Create the Trainer's kvstore and broadcast the initial weights to every device and worker
+    now, waiting once for those that went through a kvstore: what Gluon's Trainer does in its
+    first ``allreduce_grads`` (``_init_kvstore``, ``_init_params``), for a data-parallel step to
+    call before its first forward pass (`training.steps`).
+
+    MXNet 1.9.1's Trainer broadcasts (kvstore ``init``, then an asynchronous ``pull``) after the
+    first backward pass, right before the ``pushpull`` of the gradients on the same keys, and on
+    a dist kvstore nothing orders the two: on the worker they write different arrays (weight,
+    gradient), ps-lite's server queue (a heap on priority) does not keep their order, and with
+    ``update_on_kvstore=False`` the pushpull's round stores the gradient SUM under the key. A
+    pull served after it gives its worker that sum as the initial weight (docs/scale-out.md).
+    Broadcast first, every gradient is computed, and pushed, after the weights it reads arrived.
+    """
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    sent = list(trainer._params_to_init)
+    if not sent:
+        return
+    trainer._init_params()  # keeps the parameters still deferred for a later call
+    if trainer._kvstore is not None:  # once: every pull served before a gradient is pushed
+        for param in sent:
+            if param not in trainer._params_to_init:
+                for data in param.list_data():
+                    data.wait_to_read()

@@ -221,10 +221,15 @@ def test_every_function_is_at_most_60_code_lines():
     assert long == {}, f"over {MAX_CODE_LINES} code lines: split them into shorter functions"
 
 
-# Gluon blocks' (and their ParameterDicts', Parameters', Trainers') private attributes
+# Gluon blocks' (and their ParameterDicts', Parameters', Trainers', optimizers') private
+# attributes
 GLUON_PRIVATE = {"_children", "_cached_op", "_cached_graph", "_clear_cached_op", "_rate",
                  "_epsilon", "_units", "_kwargs", "_reg_params", "_params", "_data",
-                 "_updaters", "_collect_params_with_prefix", "_scope", "_flatten"}
+                 "_updaters", "_collect_params_with_prefix", "_scope", "_flatten", "_param2idx",
+                 "_contexts", "_kvstore_params", "_update_on_kvstore", "_amp_loss_scaler",
+                 "_set_current_context", "_kv_initialized", "_init_kvstore", "_params_to_init",
+                 "_init_params", "_kvstore", "_update_count", "_index_update_count", "_get_lrs",
+                 "_get_wds"}
 def test_gluon_block_internals_are_read_in_one_module():
     """Only `_gluon.py` reads or writes a Gluon block's private attributes (a new MXNet that
     renames one breaks that module only); everywhere else uses its functions or public API."""

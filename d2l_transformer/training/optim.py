@@ -64,14 +64,14 @@ class ClipAdam:
 
     def __init__(self, trainer, params, theta, ctxs=None, *, per_token=False):
         opt = trainer.optimizer
-        init_kvstore(trainer)
+        _gluon.init_kvstore(trainer)
         self.trainer, self.opt, self.theta, self.per_token = trainer, opt, theta, per_token
-        self.indices = [trainer._param2idx[p.name] for p in params]
+        self.indices = [_gluon.trainer_index(trainer, p) for p in params]
         self.devices = []  # per device: (device_id, weights, grads, means, vars)
         for ctx, updater in zip(ctxs or [params[0].list_ctx()[0]], _gluon.updaters(trainer)):
             weights = [p.data(ctx).as_nd_ndarray() for p in params]  # legacy views, same memory
             grads = [p.grad(ctx).as_nd_ndarray() for p in params]
-            opt._set_current_context(ctx.device_id)
+            _gluon.set_optimizer_device(opt, ctx.device_id)
             states = updater.states
             for i, w in zip(self.indices, weights):
                 if i not in states:
@@ -84,12 +84,11 @@ class ClipAdam:
 
     @staticmethod
     def supports(trainer):
-        opt = trainer.optimizer
-        one_device = len(trainer._contexts) == 1 and \
-            trainer._kvstore_params.get("kvstore") in ("device", None)
+        opt, setup = trainer.optimizer, _gluon.trainer_setup(trainer)
+        one_device = setup.devices == 1 and setup.kvstore in ("device", None)
         return (type(opt) is mx.optimizer.Adam and not opt.multi_precision
-                and not opt.clip_gradient and (one_device or trainer._update_on_kvstore is False)
-                and not getattr(trainer, "_amp_loss_scaler", None))
+                and not opt.clip_gradient and (one_device or setup.update_on_kvstore is False)
+                and not setup.loss_scaler)
 
     def rescale(self, num_tokens, grads=None):
         """(1,): min(1, limit / global norm) / num_tokens, computed on the gradients' device,
@@ -103,8 +102,9 @@ class ClipAdam:
             num_tokens = num_tokens.as_nd_ndarray().astype("float32").reshape((1,))
         limit = clip_threshold(num_tokens, self.per_token, self.theta)
         coef = mx.nd.minimum(limit / norm, 1.0)  # limit / norm only if norm > limit
-        if self.trainer._scale != 1:  # the Trainer's own rescale_grad, as trainer.step uses it
-            coef = coef * self.trainer._scale
+        scale = _gluon.trainer_setup(self.trainer).scale
+        if scale != 1:  # the Trainer's own rescale_grad, as trainer.step uses it
+            coef = coef * scale
         rescale = coef / num_tokens
         return rescale + 0 * norm  # + 0 when the norm is finite, NaN when it is not
 
@@ -116,12 +116,9 @@ class ClipAdam:
     def __call__(self, num_tokens):
         opt = self.opt
         for k, (device_id, weights, grads, means, variances) in enumerate(self.devices):
-            opt._set_current_context(device_id)  # the update counts are per device, as in MXNet
-            opt._update_count(self.indices)
-            t = opt._index_update_count[self.indices[0]]
+            t, lrs, wds = _gluon.optimizer_step(opt, self.indices, device_id)  # per device
             bias = math.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t)  # as Adam.update
-            lrs = [lr * bias for lr in opt._get_lrs(self.indices)]
-            wds, rescale = opt._get_wds(self.indices), self.rescale(num_tokens, grads)
+            lrs, rescale = [lr * bias for lr in lrs], self.rescale(num_tokens, grads)
             if k == 0:
                 skipped = rescale != rescale  # (1,): 1 when NaN
                 first = mx.nd.where(self._health[1:] > 0, self._health[1:], skipped * t)
@@ -136,33 +133,6 @@ class ClipAdam:
                     weights[part], grads[part], means[part], variances[part], rescale, lrs[part],
                     wds[part], [1.0] * len(lrs[part]), beta1=opt.beta1, beta2=opt.beta2,
                     epsilon=opt.epsilon, out=weights[part])
-
-
-def init_kvstore(trainer):
-    """Create the Trainer's kvstore and broadcast the initial weights to every device and worker
-    now, waiting once for those that went through a kvstore: what Gluon's Trainer does in its
-    first ``allreduce_grads`` (``_init_kvstore``, ``_init_params``), for a data-parallel step to
-    call before its first forward pass.
-
-    MXNet 1.9.1's Trainer broadcasts (kvstore ``init``, then an asynchronous ``pull``) after the
-    first backward pass, right before the ``pushpull`` of the gradients on the same keys, and on
-    a dist kvstore nothing orders the two: on the worker they write different arrays (weight,
-    gradient), ps-lite's server queue (a heap on priority) does not keep their order, and with
-    ``update_on_kvstore=False`` the pushpull's round stores the gradient SUM under the key. A
-    pull served after it gives its worker that sum as the initial weight (docs/scale-out.md).
-    Broadcast first, every gradient is computed, and pushed, after the weights it reads arrived.
-    """
-    if not trainer._kv_initialized:
-        trainer._init_kvstore()
-    sent = list(trainer._params_to_init)
-    if not sent:
-        return
-    trainer._init_params()  # keeps the parameters still deferred for a later call
-    if trainer._kvstore is not None:  # once: every pull served before a gradient is pushed
-        for param in sent:
-            if param not in trainer._params_to_init:
-                for data in param.list_data():
-                    data.wait_to_read()
 
 
 def grad_clipping(model, theta):

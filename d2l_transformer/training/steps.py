@@ -8,7 +8,7 @@ from ..seq2seq import Seq2SeqDecoder, Seq2SeqEncoder
 from ..seq2seq_attention import Seq2SeqAttentionDecoder
 from . import fused
 from .loss import MaskedSoftmaxCELoss, step_size
-from .optim import CLIP_THETA, ClipAdam, clip_global, clip_threshold, grad_clipping, init_kvstore
+from .optim import CLIP_THETA, ClipAdam, clip_global, clip_threshold, grad_clipping
 
 
 class TrainGraph(gluon.HybridBlock):
@@ -121,7 +121,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
     its global norm (so all copies stay equal); ``trainer.update`` divides by the global token
     count. With the same weights and batches the update equals the single-device one on the
     whole batch (tests/test_distributed.py, 1e-5). The first step broadcasts the first device's
-    (rank 0's) weights before its forward pass (`init_kvstore`), not after it as Gluon would.
+    (rank 0's) weights before its forward pass (`_gluon.init_kvstore`), not after it as Gluon would.
     """
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first allreduce (the kvstore exists then)
@@ -138,7 +138,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
         if _gluon.deferred(params):  # deferred init in the faithful order
             model(*(parts[i][0] for i in (0, 2, 1, 4)))
         if not update:  # first step: rank 0's weights everywhere before the forward pass
-            init_kvstore(trainer)
+            _gluon.init_kvstore(trainer)
         with autograd.record(), kernels.fused(used):
             losses = [graph(*part) for part in zip(*parts)]  # (batch_i,) per device
         autograd.backward(losses)
