@@ -263,7 +263,7 @@ def test_a_run_settles_before_its_first_kernel(tmp_path):
     """oneDNN reads its cap at its first kernel (its verbose mode names the instruction set
     then): `train` and `translate` settle before it, so a pinned run computes with AVX2 and a
     machine-bound one (`threads.is_big`: tiny's 201 pairs in one batch, 1,024 wide) with this
-    CPU's own."""
+    CPU's own, and a bfloat16 one with AMX where the CPU has its tiles."""
     small, big = tmp_path / "small", tmp_path / "big"
     assert _cli("train", "--preset", "tiny", "--epochs", "1", "--ctx", "cpu", "--quiet",
                 "--out", str(small)) == ["dnnl_verbose,info,cpu,isa:Intel AVX2"]
@@ -272,12 +272,22 @@ def test_a_run_settles_before_its_first_kernel(tmp_path):
                str(tmp_path / "native"), **{_cpu_math.ENV: "native"})
     args = ("--set", "batch_size=256", "--set", "embedding_size=1024")
     assert _cli("train", "--preset", "tiny", "--epochs", "1", "--ctx", "cpu", "--quiet", *args,
-                "--out", str(big)) == own
+                "--set", "precision=float32", "--out", str(big)) == own
     math = json.loads((big / "summary.json").read_text())["cpu_math"]
     assert not math["pinned"] and math["isa_cap"] is None
     assert math["why"].startswith("a machine-bound run: oneDNN on every instruction set")
     assert _cli("translate", "--model", str(big), "go .") == own
     assert _cli("translate", "--model", str(small), "go .") == ["dnnl_verbose,info,cpu,isa:Intel AVX2"]
+    # the same run in bfloat16 where the CPU has the units: AMX asked for where it has tiles
+    flags = _cpu_math.cpu_flags() or set()
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        return
+    amx = {"amx_bf16", "amx_tile"} <= flags
+    isa = _cli("train", "--preset", "tiny", "--epochs", "1", "--ctx", "cpu", "--quiet", *args,
+               "--set", "precision=bfloat16", "--out", str(tmp_path / "bf16"))
+    assert len(isa) == 1 and ("Intel AMX with bfloat16" in isa[0]) == amx, isa
+    math = json.loads((tmp_path / "bf16" / "summary.json").read_text())["cpu_math"]
+    assert math["isa_cap"] == (_cpu_math.AMX if amx else None)
 
 
 def test_pinned_and_why_agree(monkeypatch):

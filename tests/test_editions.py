@@ -209,7 +209,7 @@ def test_a_corrected_1_0_model_trains_saves_and_translates(tmp_path):
     (_, t1, v1), (_, t2, v2) = summary["epoch_history"]
     assert 2.5 < t2 < t1 < 4.5 and 2.5 < v2 < v1 < 4.5
     config = TransformerConfig.from_json((out / "config.json").read_text())
-    assert config == EDITIONS["1.0"].replace(num_epochs=2)
+    assert config == EDITIONS["1.0"].replace(num_epochs=2, source_lang="en", target_lang="fr")
     texts = "Go.\nI lost.\nHe's calm.\nI'm home.\nWho are you?\n"
     r = subprocess.run(cli + ["translate", "--model", str(out)], input=texts,
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
