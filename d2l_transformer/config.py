@@ -16,7 +16,11 @@ class TransformerConfig:
     num_heads: int = 4
     num_layers: int = 2
     dropout: float = 0.0
-    batch_size: int = 64
+    batch_size: int = 64  # sentences a batch (at most, with batch_tokens)
+    # the chapter's: sentences cut or padded to num_steps tokens (9.5); with the held-out
+    # pipeline (`held_out`), the longest training pair: longer ones are dropped and
+    # counted, and 0 lets the training part's lengths decide (data.lengths; a run records the
+    # number it decided)
     num_steps: int = 10
     lr: float = 0.005
     num_epochs: int = 100
@@ -45,13 +49,23 @@ class TransformerConfig:
     num_valid: int = 0  # held-out pairs (a fixed-seed random split of the kept pairs)
     num_test: int = 0
     num_buckets: int = 0  # > 0: batches of similar lengths, padded to their bucket (BucketBatches)
+    batch_tokens: int = 0  # > 0: with buckets, at most this many padded tokens a batch
     tokenizer: str = "word"  # "word": d2l's lower-cased words; "subword": sentencepiece, cased
     vocab_size: int = 0  # "subword": pieces per language (one sentencepiece model each)
     loss_reduction: str = "book"  # "book": each sentence's loss averaged over the padded width
     # (d2l; the book's loss); "token": summed over the real tokens, so the gradient and the
     # reported cross-entropy do not depend on how a batch was padded (MaskedSoftmaxCELoss)
-    split_by: str = "source"  # num_valid/num_test hold out "source" sentences (all their pairs)
-    # or random "pair"s (how model directories written before "source" existed were split)
+    # num_valid/num_test hold out "group"s of pairs sharing a source or a target sentence
+    # (data.split), or "source" sentences, or random "pair"s (how model directories written
+    # before were split: they keep being evaluated on their own parts)
+    split_by: str = "group"
+    # the held-out pipeline drops exact duplicate pairs, pairs with a side over 1,000 characters
+    # and misaligned ones, and counts them (data.corpus, data.lengths); False for model
+    # directories written before, whose parts were drawn from the pairs as read
+    clean: bool = True
+    # a translation may have length_ratio x its source's tokens + 10 (inference.limits); 0: a
+    # training run sets it from its training part's lengths (data.lengths.length_ratio)
+    length_ratio: float = 0.0
     # the languages, translated from source_lang to target_lang (codes: docs/data.md); None:
     # from the data's file names, the first column to the second (fra-eng.zip: en to fr)
     source_lang: Optional[str] = None
@@ -102,6 +116,14 @@ class TransformerConfig:
         return self.embedding_size if self.architecture == "transformer" else self.rnn_hidden_size
 
     @property
+    def held_out(self):
+        """Whether this config's data goes through the held-out pipeline
+        (`data.pipeline.load_data_split`): it holds out valid or test pairs, batches by buckets,
+        or tokenizes into subwords (trained on a training part); else the chapter's pipeline of
+        its edition."""
+        return bool(self.num_valid or self.num_test or self.num_buckets or self.tokenizer != "word")
+
+    @property
     def pair(self):
         """``(source_lang, target_lang)``; a config saved without languages (written before
         they existed, or by `checkpoint.save` of a preset) is the package's English to French."""
@@ -133,10 +155,11 @@ class TransformerConfig:
         problems = []
         for name in ("embedding_size", "ffn_hidden_size", "num_heads", "num_layers", "batch_size",
                      "num_steps", "num_epochs", "min_freq", "valid_sentences", "rnn_hidden_size"):
-            least = 0 if name == "min_freq" else 1
+            least = 0 if name == "min_freq" or (name == "num_steps" and self.held_out) else 1
             if getattr(self, name) < least:
                 problems.append(f"{name} must be at least {least}")
-        for name in ("warmup_steps", "num_valid", "num_test", "num_buckets", "vocab_size"):
+        for name in ("warmup_steps", "num_valid", "num_test", "num_buckets", "vocab_size",
+                     "batch_tokens", "length_ratio"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must not be negative")
         if self.num_examples is not None and self.num_examples < 0:
@@ -183,6 +206,8 @@ class TransformerConfig:
         if unknown:
             raise ValueError(f"config has unknown fields: {', '.join(unknown)}")
         data.setdefault("split_by", "pair")  # written before held-out sources: a split of pairs
+        data.setdefault("clean", False)  # written before cleaning: the parts of the pairs as read
+        data.setdefault("length_ratio", 1.0)  # before it: a translation has source + 10 tokens
         data.setdefault("source_lang", "en")  # written before languages: English to French
         data.setdefault("target_lang", "fr")
         return cls(**data)
@@ -196,13 +221,17 @@ VARIANTS = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0
 _CHOICES = {"norm": ("layer", "scale", "batch", "masked_batch"), "tokenizer": ("word", "subword"),
             "pos_encoding": ("sincos", "none", "learned", "alibi"),
             "tie_embeddings": ("none", "target", "all"),
-            "loss_reduction": ("book", "token"), "split_by": ("source", "pair"),
+            "loss_reduction": ("book", "token"), "split_by": ("group", "source", "pair"),
             "edition": ("0.11", "0.17", "1.0"), "architecture": ARCHITECTURES,
             "precision": PRECISIONS}
 # what a resumed run may change: the schedule and regularisation, not the model or its data
 RESUMABLE = ("num_epochs", "lr", "warmup_steps", "dropout", "layerdrop", "drophead",
              "label_smoothing", "beta1", "beta2", "epsilon", "clip_per_token", "valid_sentences",
              "precision")
+# what a run fine-tuning a model (train --init-from) may change besides: how its new data is
+# read and batched; the model, its vocabularies, tokenizer and languages stay
+FINETUNABLE = RESUMABLE + ("batch_size", "batch_tokens", "num_steps", "num_examples", "num_valid",
+                           "num_test", "num_buckets", "split_by", "clean", "min_freq")
 
 
 def _coerce(name, kind, value):
@@ -269,25 +298,29 @@ def load_overrides(path):
     return data
 
 
-def resume_overrides(saved, overrides):
-    """`saved` (the config of a model directory being resumed) with `overrides`; only the
-    fields in `RESUMABLE` may change (the architecture, vocabulary and data stay): another
-    field given a different value is a one-line ValueError."""
+def resume_overrides(saved, overrides, fine_tune=False):
+    """`saved` (the config of a model directory being resumed, or fine-tuned: `fine_tune`) with
+    `overrides`; only the fields in `RESUMABLE` (`FINETUNABLE`) may change (the architecture,
+    vocabulary and tokenizer stay): another field given a different value is a one-line
+    ValueError."""
     cfg = saved.with_overrides(overrides)
+    allowed = FINETUNABLE if fine_tune else RESUMABLE
     changed = [f.name for f in dataclasses.fields(cfg)
-               if getattr(cfg, f.name) != getattr(saved, f.name) and f.name not in RESUMABLE]
+               if getattr(cfg, f.name) != getattr(saved, f.name) and f.name not in allowed]
     if changed:
-        raise ValueError(f"--resume keeps the model, its vocabulary and data: cannot change "
-                         f"{', '.join(changed)} (train a new model in another --out; a resumed "
-                         f"run may change {', '.join(RESUMABLE)})")
+        what = ("--init-from keeps the model, its vocabularies and tokenizer" if fine_tune else
+                "--resume keeps the model, its vocabulary and data")
+        raise ValueError(f"{what}: cannot change {', '.join(changed)} (train a new model in "
+                         f"another --out; this run may change {', '.join(allowed)})")
     return cfg
 
 
 CHAPTER = TransformerConfig()
 TINY = TransformerConfig(embedding_size=16, ffn_hidden_size=32, num_heads=2, num_layers=1,
                          batch_size=16, num_epochs=3, num_examples=200)
-# All ~167k pairs, valid and test held out by source sentence (data.split). FULL: sentencepiece
-# subwords, cased (docs/data.md), d 128, 15 epochs; FULL_WORD: the same on the chapter's
+# All ~167k pairs, valid and test held out by groups of sentences (data.split), the lengths from
+# the data, batches of at most 256 pairs and 7,680 padded tokens (256 of 30: the cut these
+# presets had). FULL: sentencepiece subwords, cased (docs/data.md), d 128, 15 epochs; FULL_WORD: the same on the chapter's
 # lower-cased words with min_freq 10, for comparison. Both take the paper's Adam (5.3: beta2
 # 0.98, epsilon 1e-9) and clip the mean loss's gradient per token (docs/evaluation.md, "Adam,
 # clipping and initialisation"). HOUR: the one-hour recipe of a 2-core CPU, FULL twice as wide,
@@ -295,7 +328,8 @@ TINY = TransformerConfig(embedding_size=16, ffn_hidden_size=32, num_heads=2, num
 # "The one-hour recipe"; 4 epochs averaged over the last two (--average-last 2) is the 20-minute one
 FULL_WORD = TransformerConfig(
     embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2, dropout=0.1,
-    batch_size=256, num_steps=30, lr=0.002, num_epochs=15, num_examples=None, min_freq=10,
+    batch_size=256, num_steps=0, batch_tokens=7680, lr=0.002, num_epochs=15, num_examples=None,
+    min_freq=10,
     label_smoothing=0.1, warmup_steps=400, num_valid=2000, num_test=2000, num_buckets=10,
     loss_reduction="token", beta2=0.98, epsilon=1e-9, clip_per_token=True)
 FULL = FULL_WORD.replace(tokenizer="subword", vocab_size=4000, min_freq=0)

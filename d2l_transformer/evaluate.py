@@ -16,8 +16,16 @@ import time
 from sacrebleu.metrics import BLEU, CHRF
 
 from . import checkpoint
-from .data import DataError, Pairs, WordTokenizer, evaluation_sets, source_overlap, split_corpus
-from .data.sources import read_lines
+from .data import (
+    DataError,
+    Pairs,
+    WordTokenizer,
+    evaluation_sets,
+    make_parts,
+    overlaps,
+    read_heldout,
+    read_lines,
+)
 from .inference.engines import DEFAULT_ENGINE, open_engine
 from .inference.limits import chapter_only
 from .inference.translator import ALPHA, BEAM_SIZE
@@ -140,29 +148,13 @@ def format_files_report(result):
                       f"chrF signature: {result['chrf_signature']}"])
 
 
-def _read_lines(path, what):
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
-        lines = text.split("\n")  # line breaks are \n only, as sacrebleu reads them
-        if lines[-1] == "":
-            lines.pop()  # the final newline ends the last line
-        return [line[:-1] if line.endswith("\r") else line for line in lines]
-    except FileNotFoundError:
-        raise ValueError(f"{what} file not found: {path}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{what} file {path} is not UTF-8 ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ValueError(f"cannot read the {what} file {path}: {e.strerror}") from None
-
-
 def score_files(hyp_path, ref_paths, lowercase=False):
     """`score` of a file of hypotheses against one or more files of references, one sentence a
     line (as ``sacrebleu REF [REF ...] < HYP`` scores them; with several files, an empty line is
     no reference for that sentence). Errors are a one-line ValueError."""
     ref_paths = [ref_paths] if isinstance(ref_paths, str) else list(ref_paths)
-    hyps = _read_lines(hyp_path, "hypothesis")
-    streams = [_read_lines(path, "reference") for path in ref_paths]
+    hyps = read_lines(hyp_path, what="hypothesis file")
+    streams = [read_lines(path, what="reference file") for path in ref_paths]
     for path, refs in zip(ref_paths, streams):
         if len(hyps) != len(refs):
             raise ValueError(f"{hyp_path} has {len(hyps)} lines but {path} has {len(refs)}")
@@ -178,37 +170,49 @@ def score_files(hyp_path, ref_paths, lowercase=False):
 # ---------------------------------------------------------------------------------- a model
 def translate_texts(engine, texts, beam=1, alpha=ALPHA):
     """Translations (text) of sentences (text) by `engine` (`inference.engines`), between its
-    tokenizer's ``encode`` and ``decode``."""
+    tokenizer's ``encode`` and ``decode``. A sentence longer than the model's positions, which
+    no model can encode, is translated as nothing (an empty line, scored as such): see
+    `untranslatable`."""
+    return _translate(engine, texts, beam, alpha)[0]
+
+
+def _translate(engine, texts, beam, alpha):
+    """``(translations, how many were too long to translate)``: `translate_texts`."""
     tok = engine.tokenizer
-    hyps = engine.translate([tok.encode(t) for t in texts], beam, alpha)
-    return [tok.decode(list(h.tokens)) for h in hyps]
+    tokens = [tok.encode(t) for t in texts]
+    fits = [0 < len(t) <= engine.max_positions for t in tokens]
+    hyps = iter(engine.translate([t for t, ok in zip(tokens, fits) if ok], beam, alpha))
+    return [tok.decode(list(next(hyps).tokens)) if ok else "" for ok in fits], fits.count(False)
 
 
 def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, lowercase=False):
     """Translate the texts `sources` with `engine` (`inference.engines`) and score them against
     `references` (`score`): ``(result, translations)``; ``result["seconds"]`` is the time
-    taken. The one pipeline of `evaluate_model` and of the validation during training
+    taken, ``result["untranslatable"]`` the sources too long for the model (`translate_texts`:
+    scored as empty translations). The one pipeline of `evaluate_model` and of the validation during training
     (`training.validation`)."""
     tic = time.time()
-    hyps = translate_texts(engine, sources, beam, alpha)
+    hyps, refused = _translate(engine, sources, beam, alpha)
     result = score([engine.tokenizer.detokenize(h) for h in hyps], references, lowercase)
-    result["seconds"] = round(time.time() - tic, 1)
+    result.update(seconds=round(time.time() - tic, 1), untranslatable=refused)
     return result, hyps
 
 
 def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE, alpha=ALPHA,
-                   data_path=None, max_sentences=1000, lowercase=False, examples=0, no_unk=False,
+                   data_path=None, max_sentences=None, lowercase=False, examples=0, no_unk=False,
                    engine_threads=0, test=None, compute_type=None):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
     `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
     `inference.engines`): for an English-to-French model the chapter's four sentences with d2l's
-    `bleu`, then corpus BLEU and chrF (`score`, and `score_all_references`) of the first
-    `max_sentences` pairs of each evaluation set, greedy and with a beam of `beam` (greedy only
-    for an exact-chapter model). The sets: ``test``, a user's ``(source file, [reference
+    `bleu`, then corpus BLEU and chrF (`score`, and `score_all_references`) of each evaluation
+    set (its first `max_sentences` pairs; None: all), greedy and with a beam of `beam` (greedy
+    only for an exact-chapter model). The sets: ``test``, a user's ``(source file, [reference
     files])`` (`read_test_set`), else `data.evaluation_sets` of the data the model was trained on
-    (`checkpoint.trained_data`: `data_path`, else what its directory records): the preset's
-    valid and test parts, or the chapter's training and held-out pairs. Returns the report (a
-    JSON-able dict); ``examples``: keep the first N translations of each set;
+    (`checkpoint.trained_data`: `data_path`, else what its directory records, with the dev and
+    test sets it was given): its valid and test parts, or the chapter's training and held-out
+    pairs. Each set's overlap with the training part is counted, both sides, and where a pair
+    was seen the pairs unseen on both sides are scored too (`_score_set`). Returns the report
+    (a JSON-able dict); ``examples``: keep the first N translations of each set;
     ``engine_threads``, ``compute_type``: CTranslate2's (`open_engine`). Errors are one line
     (CheckpointError, DataError, EngineError, ExactChapterError, ExportError)."""
     translator = open_engine(model_dir, engine, ctx, no_unk=no_unk, engine_threads=engine_threads,
@@ -224,10 +228,11 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     if cfg.pair == ("en", "fr"):  # the book's sentences are English, their references French
         report["chapter_sentences"] = _chapter_sentences(translator, decoders, alpha)
     if test is not None:
-        sets, note = [read_test_set(*test, overlap_with=_training_sources(model_dir, cfg, data_path))], None
+        sets, note = [read_test_set(*test, train=_training_part(model_dir, cfg, data_path))], None
     else:
         data = checkpoint.trained_data(model_dir, data_path)
-        sets, note = evaluation_sets(cfg, translator.src_vocab, translator.tgt_vocab, data)
+        sets, note = evaluation_sets(cfg, translator.src_vocab, translator.tgt_vocab, data,
+                                     **checkpoint.trained_heldout(model_dir))
     if note:
         report["note"] = note
     for name, pairs, overlap in sets:
@@ -255,50 +260,56 @@ def _chapter_sentences(translator, decoders, alpha):
 def _score_set(translator, name, pairs, overlap, decoders, alpha, max_sentences, lowercase,
                examples, grouped):
     """One set's entry of the report: each decoder's scores of its first `max_sentences`
-    pairs; ``grouped``: also each source once against all the set's references for it
-    (`score_all_references`: a held-out part of a corpus with several translations a source)."""
+    pairs (None: all); ``grouped``: also each source once against all the set's references for
+    it (`score_all_references`: a held-out part of a corpus with several translations a
+    source). `overlap` (`data.Overlap`, or None: not counted): the sources and references seen
+    in training; where there are any, ``unseen`` scores the pairs unseen on both sides too."""
     src, refs = pairs.source[:max_sentences], pairs.target[:max_sentences]
     entry = {"name": name, "pairs": len(pairs.source), "scored": len(src),
-             "sources_seen_in_training": overlap, "decoders": {}}
+             "sources_seen_in_training": overlap and overlap.sources,
+             "references_seen_in_training": overlap and overlap.references, "decoders": {}}
+    unseen = [i for i in (overlap.unseen if overlap else []) if i < len(src)]
+    if overlap and (overlap.sources or overlap.references):
+        entry["unseen"] = {"pairs": len(unseen), "decoders": {}}
     for decoder, k in decoders if src else ():
         result, hyps = translate_and_score(translator, src, refs, k, alpha, lowercase=lowercase)
+        outs = [translator.tokenizer.detokenize(h) for h in hyps]
         if grouped:
-            outs = [translator.tokenizer.detokenize(h) for h in hyps]
             result["all_references"] = score_all_references(outs, src, pairs, lowercase)
         entry["decoders"][decoder] = result
+        if "unseen" in entry and unseen:
+            entry["unseen"]["decoders"][decoder] = score(
+                [outs[i] for i in unseen], [refs[i] for i in unseen], lowercase)
     if examples and src:  # the last decoder's (the beam's)
         entry["examples"] = [{"source": s, "reference": r, "translation": h}
                              for s, r, h in list(zip(src, refs, hyps))[:examples]]
     return entry
 
 
-def read_test_set(source_path, ref_paths, overlap_with=None):
-    """A user's test set as an evaluation set ``(name, Pairs, sources seen in training)``: the
-    source file and one or more reference files, one sentence a line (as sacreBLEU reads
-    them; with several files each line has that many references). ``overlap_with``: the
-    training part's sources, to count the test sources the model was trained on (None: not
+def read_test_set(source_path, ref_paths, train=None):
+    """A user's test set as an evaluation set ``(name, Pairs, Overlap or None)``: the source
+    file and one or more reference files, one sentence a line (`data.read_lines`, as sacreBLEU
+    reads them; with several files each line has that many references). ``train``: the
+    training part (`Pairs`), to count what the model was trained on (`data.overlaps`; None: not
     counted). A file that cannot be read, line counts that differ, or an empty source line are
     a one-line DataError."""
-    sources = read_lines(source_path)
-    streams = [read_lines(path) for path in ref_paths]
-    for path, refs in zip(ref_paths, streams):
-        if len(refs) != len(sources):
-            raise DataError(f"{source_path} has {len(sources)} lines but {path} has {len(refs)}")
-    empty = next((i for i, s in enumerate(sources) if not s.strip()), None)
-    if empty is not None:
-        raise DataError(f"{source_path} line {empty + 1} is empty: nothing to translate")
-    refs = streams[0] if len(streams) == 1 else [list(r) for r in zip(*streams)]
-    overlap = None if overlap_with is None else source_overlap(sources, overlap_with)
-    return os.path.basename(source_path), Pairs(sources, refs), overlap
+    sources, refs, _ = read_heldout([source_path, ref_paths[0]], None, None, "--src/--ref")
+    for path in ref_paths[1:]:
+        more = read_lines(path, what="reference file")
+        if len(more) != len(sources):
+            raise DataError(f"{source_path} has {len(sources)} lines but {path} has {len(more)}")
+        refs = [(r if isinstance(r, list) else [r]) + [m] for r, m in zip(refs, more)]
+    pairs = Pairs(sources, refs)
+    return os.path.basename(source_path), pairs, None if train is None else overlaps(pairs, train)
 
 
-def _training_sources(model_dir, cfg, data_path):
-    """The source sentences of the model's training part, or None when its data is not at hand
-    (a test set is then scored without counting what training saw)."""
+def _training_part(model_dir, cfg, data_path):
+    """The model's training part (`Pairs`), or None when its data is not at hand (a test set is
+    then scored without counting what training saw)."""
     try:
         data = checkpoint.trained_data(model_dir, data_path)
-        return split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, data,
-                            cfg.split_by).train.source
+        return make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
+                          clean=cfg.clean, **checkpoint.trained_heldout(model_dir))[0].train
     except DataError:
         return None
 
@@ -318,20 +329,27 @@ def format_report(report):
                  + (", case-insensitive" if report["lowercase"] else "") + "):")
     signatures = {}
     for entry in report["sets"]:
-        overlap = entry["sources_seen_in_training"]
-        seen = "" if overlap is None else f"  [sources seen in training: {overlap}]"
+        seen = _seen(entry)
         if not entry["scored"]:
             lines.append(f"  {entry['name']}: no pairs{seen}")
             continue
-        cells, multi_cells = [], []
+        cells, multi_cells, refused = [], [], 0
         for decoder, result in entry["decoders"].items():
             signatures = {"BLEU": result["bleu_signature"], "chrF": result["chrf_signature"]}
             cells.append(f"{decoder}: {format_score(result)} ({result['seconds']:.0f} s)")
+            refused = result.get("untranslatable", 0)
             if "all_references" in result:
                 signatures["all references' BLEU"] = result["all_references"]["bleu_signature"]
                 multi_cells.append(f"{decoder}: {format_score(result['all_references'])}")
         lines.append(f"  {entry['name']} ({entry['scored']} of {entry['pairs']}): "
                      + "  ".join(cells) + seen)
+        if refused:
+            lines.append(f"    {refused} of its sources are longer than the model's positions: "
+                         "scored as empty translations")
+        unseen = entry.get("unseen")
+        if unseen:
+            lines.append(f"    its {unseen['pairs']} pairs unseen on both sides: " + "  ".join(
+                f"{d}: {format_score(r)}" for d, r in unseen["decoders"].items()))
         if multi_cells:
             multi = result["all_references"]
             lines.append(f"    each of its {multi['sentences']} sources once, against all its "
@@ -342,3 +360,12 @@ def format_report(report):
     for metric, signature in signatures.items():
         lines.append(f"{metric} signature: {signature}")
     return "\n".join(lines)
+
+
+def _seen(entry):
+    """``  [seen in training: 0 sources, 184 references]``, or nothing where not counted."""
+    sources, references = entry.get("sources_seen_in_training"), entry.get(
+        "references_seen_in_training")
+    if sources is None:
+        return ""
+    return f"  [seen in training: {sources} sources, {references} references as targets]"

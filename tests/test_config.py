@@ -73,7 +73,8 @@ def test_full_presets_values():
     epochs; docs/evaluation.md); the word preset differs only in its tokenizer."""
     assert d2t.FULL == d2t.TransformerConfig(
         embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2, dropout=0.1,
-        batch_size=256, num_steps=30, lr=0.002, num_epochs=15, num_examples=None, min_freq=0,
+        batch_size=256, num_steps=0, batch_tokens=7680, lr=0.002, num_epochs=15,
+        num_examples=None, min_freq=0,
         label_smoothing=0.1, warmup_steps=400, num_valid=2000, num_test=2000, num_buckets=10,
         tokenizer="subword", vocab_size=4000, loss_reduction="token", beta2=0.98,
         epsilon=1e-9, clip_per_token=True)

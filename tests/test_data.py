@@ -102,10 +102,10 @@ def test_preprocess_fast_equals_preprocess_nmt_on_all_of_fra_txt(text):
     assert d2t.data.preprocess_fast("why?", later) == "why ?" != d2t.data.preprocess_fast("why?")
 
 
-def test_fra_pairs_keep_the_lines_with_one_tab():
+def test_tab_pairs_keep_the_lines_with_one_tab():
     text = "Go.\tVa\u202f!\nno tab here\na\tb\tc\nHi.\tSalut !\n"
-    assert list(d2t.data.fra_pairs(text)) == [("Go.", "Va\u202f!"), ("Hi.", "Salut !")]
-    assert list(d2t.data.fra_pairs(text, 1, 4)) == [("Hi.", "Salut !")]
+    assert list(d2t.data.tab_pairs(text)) == [("Go.", "Va\u202f!"), ("Hi.", "Salut !")]
+    assert list(d2t.data.tab_pairs(text, 1, 4)) == [("Hi.", "Salut !")]
     assert d2t.data.plain_spaces("Va\u202f!\xa0") == "Va ! "
 
 

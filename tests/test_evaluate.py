@@ -10,7 +10,7 @@ import sacrebleu
 
 import d2l_transformer as d2t
 from d2l_transformer import evaluate
-from d2l_transformer.data import heldout_nmt, source_overlap, split_pairs
+from d2l_transformer.data import heldout_nmt, overlap, split_by_group, split_by_source
 
 
 def d2l_bleu(pred_seq, label_seq, k):  # d2l-en chapter_recurrent-modern/seq2seq.md, verbatim
@@ -110,7 +110,7 @@ def test_score_files_and_the_cli(tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("Va !\n", encoding="utf-8")
     for argv, message in ((["--hyp", str(short), "--ref", str(ref)], "has 1 lines but"),
-                          (["--hyp", str(tmp_path / "nope"), "--ref", str(ref)], "file not found"),
+                          (["--hyp", str(tmp_path / "nope"), "--ref", str(ref)], "nope not found"),
                           (["--hyp", str(hyp)], "--hyp and --ref go together"),
                           ([], "evaluate needs --model DIR, or --hyp FILE --ref FILE")):
         assert cli.main(["evaluate"] + argv) == 2
@@ -124,7 +124,7 @@ def test_heldout_split_counts(nmt):
     src, tgt = held["unfiltered"]
     assert len(src) == len(tgt) == 166129  # 167130 pairs - the chapter's 1001
     assert held["excluded"] == 0  # fra.txt keeps a sentence's translations together
-    assert source_overlap(src, d2t.data.read_pairs(num_examples=1000).source) == 0
+    assert overlap(src, d2t.data.read_pairs(num_examples=1000).source) == 0
     assert (held["unfiltered_text"][0][0], held["unfiltered_text"][1][0]) == ("Who knows?", "Qui sait ?")
     assert (src[0], tgt[0]) == (["who", "knows?"], ["qui", "sait", "?"])  # line 1001
     fsrc, ftgt = held["in_vocab"]
@@ -134,12 +134,13 @@ def test_heldout_split_counts(nmt):
     assert len(heldout_nmt(src_vocab, tgt_vocab, 1000, num_heldout=1000)["unfiltered"][0]) == 1000
 
 
-def test_split_pairs_is_deterministic_and_disjoint():
+@pytest.mark.parametrize("split", [split_by_group, split_by_source])
+def test_splits_are_deterministic_and_disjoint(split):
     src, tgt = [[str(i)] for i in range(100)], [[str(-i)] for i in range(100)]
-    train, valid, test = split_pairs(src, tgt, 10, 20, seed=3)
+    train, valid, test = split(src, tgt, 10, 20, seed=3)
     assert (len(train[0]), len(valid[0]), len(test[0])) == (70, 10, 20)
     assert sorted(s[0] for p in (train, valid, test) for s in p[0]) == sorted(s[0] for s in src)
-    assert split_pairs(src, tgt, 10, 20, seed=3) == (train, valid, test)
+    assert split(src, tgt, 10, 20, seed=3) == (train, valid, test)
     assert all(t == [str(-int(s[0]))] for s, t in zip(*train))
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from d2l_transformer import checkpoint
 from d2l_transformer.cli import commands as cli
-from d2l_transformer.data import DataError, open_data, read_data_nmt
-from d2l_transformer.data.sources import choose_direction, language_code
+from d2l_transformer.data import DataError, format_counts, open_data, read_corpus, read_data_nmt
+from d2l_transformer.data.sources import COMPRESSED, choose_direction, language_code
 from d2l_transformer.data.tokenize import character_coverage, spm_sample, words_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +24,13 @@ CREDIT = "CC-BY 2.0 (France) Attribution: tatoeba.org #2877272 (CM) & #1158250 (
 def _fra_lines(n):
     with zipfile.ZipFile(FRA) as z:
         return z.read("fra-eng/fra.txt").decode("utf-8").split("\n")[:n]
+
+
+def write(path, text):
+    """`text` into `path`, compressed as its suffix says (.gz, .xz, .bz2)."""
+    opener = COMPRESSED.get(os.path.splitext(str(path))[1], open)
+    with opener(path, "wt", encoding="utf-8") as f:
+        f.write(text)
 
 
 def write_formats(tmp_path, pairs, lang="fra"):
@@ -74,10 +81,12 @@ def test_four_formats_give_the_same_pairs(tmp_path):
 
 
 @pytest.mark.parametrize("names, expected", [
-    (["deu-eng.zip"], ("en", "de")), (["jpn.txt"], ("en", "ja")),
-    (["corpus.de-en.tsv"], ("de", "en")), (["rus-eng.tsv"], ("ru", "en")),
+    (["deu-eng.zip"], ("en", "de")), (["corpus.de-en.tsv"], ("de", "en")),
+    (["rus-eng.tsv"], ("ru", "en")), (["corpus.de-en.tsv.gz"], ("de", "en")),
     (["pairs.tsv"], (None, None)), (["train.ru", "train.en"], ("ru", "en")),
-    (["a.txt", "b.txt"], (None, None))])
+    (["train.ru.gz", "train.en.xz"], ("ru", "en")), (["a.txt", "b.txt"], (None, None)),
+    # one code outside a zip names nothing: dev is Domung's code, jpn.txt an unzipped member
+    (["jpn.txt"], (None, None)), (["dev.tsv"], (None, None)), (["deu.txt"], (None, None))])
 def test_languages_from_the_file_names(tmp_path, names, expected):
     paths = []
     for name in names:
@@ -86,7 +95,7 @@ def test_languages_from_the_file_names(tmp_path, names, expected):
             with zipfile.ZipFile(path, "w") as z:
                 z.writestr(name.split("-")[0] + ".txt", "Hi.\tHallo.\n")
         else:
-            path.write_text("Hi.\tHallo.\n" if len(names) == 1 else "Hi.\n", encoding="utf-8")
+            write(path, "Hi.\tHallo.\n" if len(names) == 1 else "Hi.\n")
         paths.append(str(path))
     if expected == (None, None):
         with pytest.raises(DataError, match="give --source-lang and --target-lang"):
@@ -97,16 +106,23 @@ def test_languages_from_the_file_names(tmp_path, names, expected):
         assert open_data(paths).columns == expected
 
 
-def test_the_flags_choose_the_direction():
+def test_the_flags_choose_the_direction(caplog):
     columns = ("en", "fr")
-    assert choose_direction(columns) == ("en", "fr")
-    assert choose_direction(columns, "fra") == ("fr", "en")  # ISO 639-3 normalised
-    assert choose_direction(columns, None, "en") == ("fr", "en")
-    assert choose_direction(columns, "FR", "EN") == ("fr", "en")
-    for args, message in ((("de",), "holds en and fr, not de"),
+    assert choose_direction(columns) == (columns, "en", "fr")
+    assert choose_direction(columns, "fra") == (columns, "fr", "en")  # ISO 639-3 normalised
+    assert choose_direction(columns, None, "en") == (columns, "fr", "en")
+    assert choose_direction(columns, "FR", "EN") == (columns, "fr", "en")
+    for args, message in ((("de",), r"holds en and fr, not de \(--source-lang; give both"),
                           (("fr", "fr"), "both fr"), (("en!",), "not a language code")):
         with pytest.raises(DataError, match=message):
             choose_direction(columns, *args)
+    # both flags win over the names, with a line saying so; a name of two same languages
+    with caplog.at_level(logging.WARNING):
+        assert choose_direction(columns, "en", "de", "x.en-fr.tsv") == (("en", "de"), "en", "de")
+    assert "x.en-fr.tsv: its name says en and fr; read as en to de" in caplog.text
+    with pytest.raises(DataError, match="both columns of a.en and b.en are en"):
+        choose_direction(("en", "en"), shown="a.en and b.en")
+    assert choose_direction(("en", "en"), "en", "de") == (("en", "de"), "en", "de")
 
 
 @pytest.mark.parametrize("content, message", [
@@ -114,7 +130,7 @@ def test_the_flags_choose_the_direction():
     (b"Go.\tVa !\tx\ty\n", "line 1 has 4 columns, not 2"),
     (b"Go.\tVa !\tnot an attribution\n", "line 1 has 3 columns, not 2"),
     (b"Go.\tVa !\nHi.\tSalut \xe9 !\n", "line 2: not UTF-8"),
-    (b"\n\nGo.\tVa !\n", "line 1 has no tab")])
+    (b"\n \nGo.\tVa !\nHi\n", "line 4 has no tab")])  # blank lines are no pairs, not errors
 def test_a_malformed_tsv_is_one_line_naming_the_line(tmp_path, content, message):
     path = tmp_path / "pairs.en-fr.tsv"
     path.write_bytes(content)
@@ -123,12 +139,15 @@ def test_a_malformed_tsv_is_one_line_naming_the_line(tmp_path, content, message)
     assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
 
 
-def test_bom_crlf_and_empty_sides(tmp_path, caplog):
+def test_bom_crlf_and_empty_sides(tmp_path):
     path = tmp_path / "pairs.en-fr.tsv"
     path.write_bytes("\ufeffGo.\tVa !\r\nHi.\t \r\nRun!\tCours !\r\n\t\r\n\r\n".encode("utf-8"))
-    with caplog.at_level(logging.WARNING):
-        assert open_data(str(path)).pairs() == (["Go.", "Run!"], ["Va !", "Cours !"])
-    assert "skipped 2 pairs with an empty side (the first at line 2)" in caplog.text
+    assert open_data(str(path)).pairs() == (["Go.", "Run!"], ["Va !", "Cours !"])
+    corpus = read_corpus(str(path))
+    assert corpus.pairs() == (["Go.", "Run!"], ["Va !", "Cours !"])
+    assert corpus.counts == {"lines": 5, "empty": 3}  # the final CRLF ends the last, blank line
+    assert format_counts(corpus.counts) == \
+        "read 2 pairs (5 lines); dropped 3 blank or with an empty side"
 
 
 def test_aligned_files_and_zips_that_do_not_fit(tmp_path):

@@ -1,5 +1,6 @@
-"""Held-out sets that are held out: splits by source sentence, and the count of test sources
-that training has seen."""
+"""Held-out sets that are held out: splits by groups of sentences (and the splits model
+directories were trained on before: by source sentence, by pair), and the counts of test
+sources and references that training has seen."""
 
 import zipfile
 
@@ -8,14 +9,17 @@ import pytest
 
 import d2l_transformer as d2t
 from d2l_transformer.data import (
+    Pairs,
     clean_text,
     heldout_nmt,
     load_data_split,
-    normalize_source,
+    normalize_sentence,
+    overlap,
+    overlaps,
     read_pairs,
-    source_overlap,
+    split_by_group,
+    split_by_source,
     split_corpus,
-    split_pairs,
 )
 
 
@@ -26,10 +30,10 @@ def _zip(tmp_path, lines):
     return str(path)
 
 
-def test_normalize_source_is_d2ls_preprocessing():
-    assert normalize_source("Go.") == normalize_source("go .") == normalize_source(" GO  .") == "go ."
-    assert normalize_source(["go", "."]) == "go ."  # d2l's tokens
-    assert normalize_source("Wait!") != normalize_source("Wait.")
+def test_normalize_sentence_is_d2ls_preprocessing():
+    assert normalize_sentence("Go.") == normalize_sentence("go .") == normalize_sentence(" GO  .") == "go ."
+    assert normalize_sentence(["go", "."]) == "go ."  # d2l's tokens
+    assert normalize_sentence("Wait!") != normalize_sentence("Wait.")
     assert clean_text(" Cours\u202f!  Vite\xa0! ") == "Cours ! Vite !"
 
 
@@ -41,36 +45,66 @@ def test_split_keeps_each_source_in_one_part():
         for j in range(rng.randint(1, 5)):
             source.append(f"Sentence {i}." if j % 2 else f"sentence {i} .")
             target.append(f"Phrase {i}-{j}.")
-    train, valid, test = split_pairs(source, target, 10, 15, seed=3)
-    assert (len(valid.source), len(test.source)) == (10, 15)
-    assert len(train.source) + 25 == len(source)
-    keys = [{normalize_source(s) for s in part.source} for part in (train, valid, test)]
-    assert not keys[0] & keys[1] and not keys[0] & keys[2] and not keys[1] & keys[2]
-    assert source_overlap(test.source, train.source) == source_overlap(valid.source, train.source) == 0
-    assert sorted(train.target + valid.target + test.target) == sorted(target)
-    assert all(t.startswith("Phrase " + normalize_source(s).split()[1] + "-")
-               for part in (train, valid, test) for s, t in zip(*part))
-    assert split_pairs(source, target, 10, 15, seed=3) == (train, valid, test)
-    assert split_pairs(source, target, 10, 15, seed=4) != (train, valid, test)
+    for split in (split_by_source, split_by_group):
+        train, valid, test = split(source, target, 10, 15, seed=3)
+        assert (len(valid.source), len(test.source)) == (10, 15)
+        assert len(train.source) + 25 == len(source)
+        keys = [{normalize_sentence(s) for s in part.source} for part in (train, valid, test)]
+        assert not keys[0] & keys[1] and not keys[0] & keys[2] and not keys[1] & keys[2]
+        assert overlap(test.source, train.source) == overlap(valid.source, train.source) == 0
+        assert sorted(train.target + valid.target + test.target) == sorted(target)
+        assert all(t.startswith("Phrase " + normalize_sentence(s).split()[1] + "-")
+                   for part in (train, valid, test) for s, t in zip(*part))
+        assert split(source, target, 10, 15, seed=3) == (train, valid, test)
+        assert split(source, target, 10, 15, seed=4) != (train, valid, test)
 
 
-def test_source_overlap_counts_pairs():
-    assert source_overlap(["Go.", "go .", "Run!", "Hi."], ["GO.", "Hi there."]) == 2
+def test_groups_join_pairs_that_share_a_source_or_a_target():
+    """A chain: s1-t1, s2-t1 (t1 shared), s2-t2 (s2 shared), s3-t2 (t2 shared) is one group;
+    s4-t4 and s5-t5 stand alone. Split by source only, a test reference can be a training
+    target; by groups, never."""
+    source = ["You are.", "You're.", "you're .", "Thou art.", "Run!", "Hi."]
+    target = ["Tu es.", "Tu es.", "Vous êtes.", "Vous êtes.", "Cours !", "Salut !"]
+    for seed in range(20):
+        train, valid, test = split_by_group(source, target, 1, 4, seed=seed)
+        for part in (train, valid, test):  # the chain's four pairs are in one part
+            assert len([s for s in part.source if s in source[:4]]) in (0, 4)
+        assert overlaps(test, train) == (0, 0, list(range(len(test.source))))
+        assert overlaps(valid, train).references == 0
+    leaks = [overlaps(test, train).references for seed in range(20)
+             for train, _, test in [split_by_source(source, target, 1, 2, seed=seed)]]
+    assert max(leaks) >= 1  # "Tu es." or "Vous êtes." both sides of the split
 
 
-def test_split_of_fra_txt_holds_out_sentences():
-    """The full presets' split of all 167,130 pairs: 2,000 valid and 2,000 test pairs, none of
-    whose source sentences is in the training part. A split of PAIRS with the same seed (how
-    the full preset was split before) shares 1,009 of its 2,000 test sources with training."""
-    train, valid, test = split_corpus(None, 2000, 2000)
-    assert (len(train.source), len(valid.source), len(test.source)) == (163130, 2000, 2000)
-    assert source_overlap(test.source, train.source) == 0
-    assert source_overlap(valid.source, train.source) == 0
-    assert source_overlap(test.source, valid.source) == 0
-    old = split_corpus(None, 2000, 2000, by="pair")  # model directories trained before
-    assert source_overlap(old.test.source, old.train.source) == 1009
+def test_overlap_counts_pairs():
+    assert overlap(["Go.", "go .", "Run!", "Hi."], ["GO.", "Hi there."]) == 2
+    part = Pairs(["Go.", "Hi.", "Run!"], ["Va !", ["Salut !", "Coucou !"], "Cours !"])
+    train = Pairs(["GO.", "Walk."], ["Marche.", "coucou !"])
+    assert overlaps(part, train) == (1, 1, [2])  # a list of references: seen when any is
+
+
+@pytest.mark.parametrize("source_lang", ["en", "fr"])
+def test_split_of_fra_txt_holds_out_sentences(source_lang):
+    """The full presets' split of fra-eng.zip (151 exact duplicate pairs dropped first): 2,000
+    valid and 2,000 test pairs, none of whose sources or references is in the training part,
+    either way round. Split by source sentence (how model directories were split before, of the
+    pairs as read), 184 (English to French) or 1,040 (French to English) of the 2,000 test
+    references are training targets; split by PAIRS with the same seed (before that), 1,009 of
+    the 2,000 English test sources are training sources."""
+    data = d2t.data.read_corpus(None, source_lang)
+    train, valid, test = split_corpus(None, 2000, 2000, data)
+    assert (len(train.source), len(valid.source), len(test.source)) == (167130 - 151 - 4000, 2000, 2000)
+    for part in (valid, test):
+        assert overlaps(part, train)[:2] == (0, 0)
+    assert overlaps(test, valid)[:2] == (0, 0)
+    old = split_corpus(None, 2000, 2000, data, by="source", clean=False)
+    assert len(old.train.source) == 163130
+    assert overlaps(old.test, old.train)[:2] == (0, {"en": 184, "fr": 1040}[source_lang])
+    if source_lang == "en":
+        old = split_corpus(None, 2000, 2000, data, by="pair", clean=False)
+        assert overlap(old.test.source, old.train.source) == 1009
     with pytest.raises(ValueError, match="unknown split 'line'"):
-        split_corpus(None, 2000, 2000, by="line")
+        split_corpus(None, 2000, 2000, data, by="line")
 
 
 def test_heldout_leaves_out_sources_the_chapter_trains_on(tmp_path, nmt):
@@ -96,7 +130,9 @@ def test_read_pairs_numbers_lines_as_tokenize_nmt(tmp_path):
 @pytest.mark.parametrize("tokenizer", ["word", "subword"])
 def test_load_data_split(tokenizer):
     data = load_data_split(16, 12, 599, 2, 60, 60, 4, tokenizer=tokenizer, vocab_size=500)
-    assert (len(data.valid.source), len(data.test.source)) == (60, 60)
+    # at most a tenth each: fra.txt's first 600 pairs form groups of up to 7 pairs (the same
+    # sentences, translated several ways), which fill 59 of 60 places
+    assert (len(data.valid.source), len(data.test.source)) == (59, 59)
     assert data.tokenizer.kind == tokenizer
     X, X_vlen, Y, Y_vlen = next(iter(data.train_iter))
     assert (X.shape[1], Y.shape[1]) in data.train_iter.widths

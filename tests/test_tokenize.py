@@ -147,12 +147,15 @@ def test_config_without_the_new_fields_is_the_chapters_pipeline(tmp_path):
     """config.json of a model directory written before subwords existed: words, book units."""
     import json
     old = json.loads(d2t.PRESETS["full_word"].to_json())
-    for field in ("tokenizer", "vocab_size", "loss_reduction", "split_by"):
+    for field in ("tokenizer", "vocab_size", "loss_reduction", "split_by", "clean",
+                  "length_ratio"):
         del old[field]
     cfg = d2t.TransformerConfig.from_json(json.dumps(old))
     assert (cfg.tokenizer, cfg.vocab_size, cfg.loss_reduction) == ("word", 0, "book")
-    assert cfg.split_by == "pair"  # and evaluated on the split it was trained on
-    assert d2t.TransformerConfig.from_json(d2t.PRESETS["full"].to_json()).split_by == "source"
+    # and evaluated on the split it was trained on, of the pairs as read; translations of
+    # at most max(num_steps, source + 10) tokens, as then
+    assert (cfg.split_by, cfg.clean, cfg.length_ratio) == ("pair", False, 1.0)
+    assert d2t.TransformerConfig.from_json(d2t.PRESETS["full"].to_json()).split_by == "group"
     assert isinstance(load_tokenizer(str(tmp_path), cfg), WordTokenizer)
     presets = d2t.PRESETS
     assert [(presets[p].tokenizer, presets[p].loss_reduction) for p in ("chapter", "full", "full_word")] \

@@ -151,8 +151,9 @@ def _train_config(args):
                 overrides[field] = getattr(args, field)
         if args.max_pairs is not None and not args.resume:
             overrides["num_examples"] = args.max_pairs - 1  # d2l keeps lines 0..num_examples
-        if args.resume:
-            cfg = resume_overrides(checkpoint.load_config(args.out), overrides)
+        if args.resume or args.init_from:
+            cfg = resume_overrides(checkpoint.load_config(args.init_from or args.out), overrides,
+                                   fine_tune=bool(args.init_from))
         else:
             cfg = preset_config(args.preset, args.edition, args.architecture).with_overrides(
                 overrides)
@@ -177,7 +178,8 @@ def cmd_train(args):
                           checkpoint_every=args.checkpoint_every, progress=not args.quiet,
                           preset=args.preset, valid_every=args.valid_every,
                           patience=args.patience, average_last=args.average_last,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, valid=args.valid, test=args.test,
+                          init_from=args.init_from)
     if "translations" in summary:  # rank 0 of a finished run
         print("\n".join(printed_lines(summary)))
     return 0
@@ -248,9 +250,10 @@ def _user_paths(args):
     """The paths the command line names, absolute."""
     paths = []
     for k in ("out", "model", "data", "attention", "attention_html", "hostfile", "json", "hyp",
-              "src", "ref", "runs"):
+              "src", "ref", "runs", "valid", "test", "init_from"):
         value = getattr(args, k, None)
-        paths += value if isinstance(value, list) else [value]
+        for item in value if isinstance(value, list) else [value]:
+            paths += item if isinstance(item, list) else [item]
     return [os.path.abspath(p) for p in paths if isinstance(p, str) and p]
 
 

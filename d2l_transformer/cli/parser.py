@@ -33,7 +33,8 @@ def _engine_option(parser):
 
 
 def _data_option(parser, text):
-    parser.add_argument("--data", nargs="+", metavar="PATH", default=None, help=text)
+    parser.add_argument("--data", nargs="+", action="append", metavar="PATH", default=None,
+                        help=text + "; repeat --data for several corpora, read in order")
 
 
 def get_parser(commands):
@@ -59,7 +60,8 @@ def _add_train(sub, commands):
                    help="the chapter's transformer, or the 2019 book's earlier models: 8.14's "
                         "LSTM seq2seq, 9.2's seq2seq with attention (docs/exercises.md)")
     t.add_argument("--epochs", type=int, default=None, help="default: the preset's")
-    t.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
+    t.add_argument("--max-pairs", type=int, default=None,
+                   help="use only the first N pairs of the data (of --data, or of fra-eng.zip)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--ctx", default="auto",
                    help="auto, cpu, cpu:N, gpu, gpu:N, or a list: gpu:0,gpu:1 (data parallel)")
@@ -83,8 +85,18 @@ def _add_train(sub, commands):
     t.add_argument("--exact-chapter", action="store_true",
                    help="the book's three bugs (trains on the chapter's imperative loop)")
     _data_option(t, "train on: a Tatoeba zip (xxx-eng.zip), a TSV file (source<TAB>target), or "
-                    "two aligned files, one sentence a line (default: the shipped fra-eng.zip; "
-                    "docs/data.md)")
+                    "two aligned files, one sentence a line, each may be .gz, .xz or .bz2 "
+                    "(default: the shipped fra-eng.zip; docs/data.md)")
+    for part, what in (("valid", "validate, early-stop and keep OUT/best on"),
+                       ("test", "keep as the test set evaluate scores")):
+        t.add_argument(f"--{part}", nargs=2, metavar=("SRC", "REF"), default=None,
+                       help=f"your own {part} set to {what}: a file of sources and one of their "
+                            f"references, a sentence a line, instead of {part} pairs held out "
+                            "of the data (training pairs sharing a sentence with it are dropped)")
+    t.add_argument("--init-from", metavar="MODEL", default=None,
+                   help="fine-tune the model directory MODEL on --data: its parameters, "
+                        "vocabularies and tokenizer, a new optimizer, epochs from 1, into --out "
+                        "(its config, with --set of what fine-tuning may change: docs/usage.md)")
     t.add_argument("--source-lang", default=None, metavar="CODE",
                    help="the language to translate from (en, fr, de, ...): one of the data's "
                         "two, or the first column's of a file whose name does not tell "
@@ -134,8 +146,8 @@ def _add_translate_and_evaluate(sub, commands):
         else:
             _data_option(e, "the corpus whose held-out parts are scored (default: the one the "
                             "model was trained on, as its directory records it)")
-            e.add_argument("--max-sentences", type=int, default=1000,
-                           help="evaluate at most N sentences of each set")
+            e.add_argument("--max-sentences", type=int, default=None,
+                           help="evaluate at most the first N sentences of each set (default: all)")
             e.add_argument("--examples", type=int, default=0, help="print N example translations")
             e.add_argument("--json", metavar="FILE", default=None,
                            help="also write the scores and their signatures to FILE")

@@ -1,47 +1,62 @@
-"""Text to batches: where pairs come from (`sources`), the chapter's pipeline (`text`),
-tokenizers (`tokenize`), batching (`batches`), held-out splits by source sentence (`split`), and
-which of them a config's data goes through (`pipeline.load_data`)."""
+"""Text to batches: where pairs come from (`sources`), a corpus read once and cleaned (`corpus`),
+the chapter's pipeline (`text`), held-out parts by groups of sentences (`split`), tokenizers
+(`tokenize`), the lengths a training pair may have (`lengths`), batching (`batches`), and which
+of them a config's data goes through (`pipeline.load_data`)."""
 
 from .batches import ArrayBatches, BucketBatches, bucket_widths, load_array, load_bucketed, shard
-from .pipeline import load_data
+from .corpus import (
+    MAX_CHARS,
+    Corpus,
+    clean_pairs,
+    clean_text,
+    format_counts,
+    plain_spaces,
+    read_corpus,
+    read_heldout,
+)
+from .lengths import format_lengths, keep_pairs, length_limit, length_ratio
+from .pipeline import Data, SplitData, load_data, load_data_split, make_tokenizer
 from .sources import (
     DATA_ENV,
     DataError,
     DataSource,
     default_data_path,
+    fingerprint,
     language_name,
+    open_corpora,
     open_data,
+    read_lines,
 )
 from .split import (
     SPLIT_SEED,
+    SPLITS,
+    Overlap,
     Pairs,
     Split,
-    SplitData,
-    clean_text,
     evaluation_sets,
     heldout_nmt,
-    load_data_split,
-    make_tokenizer,
-    normalize_source,
+    make_parts,
+    normalize_sentence,
+    overlap,
+    overlaps,
     read_pairs,
-    source_overlap,
+    split_by_group,
     split_by_pair,
+    split_by_source,
     split_corpus,
-    split_pairs,
 )
 from .text import (
     RESERVED_TOKENS,
     Vocab,
     build_array,
     count_corpus,
-    fra_pairs,
     load_data_mt_fra_eng,
     load_data_nmt,
-    plain_spaces,
     preprocess_fast,
     preprocess_nmt,
     punctuation,
     read_data_nmt,
+    tab_pairs,
     tokenize_nmt,
     tokenize_nmt_lines,
     truncate_pad,

@@ -91,9 +91,9 @@ class Ragged:
     def __getitem__(self, i):
         return self.flat[self.offsets[i]:self.offsets[i + 1]]
 
-    def cut(self, width, bos=None, eos=None):
-        """Each sequence with `bos` before it and `eos` after it (each when not None), cut to
-        its first `width` ids: `build_array`'s targets and sources, all at once."""
+    def wrap(self, bos=None, eos=None):
+        """Each sequence with `bos` before it and `eos` after it (each when not None): the
+        targets of `BucketBatches`, all at once."""
         flat, lengths = self.flat, self.lengths
         if bos is not None:  # before each sequence's first id
             flat = onp.insert(flat, self.offsets[:-1], bos)
@@ -101,10 +101,15 @@ class Ragged:
         if eos is not None:  # after each sequence's last id
             flat = onp.insert(flat, onp.cumsum(lengths), eos)
             lengths = lengths + 1
-        kept = onp.minimum(lengths, width)
-        starts = onp.concatenate([[0], onp.cumsum(lengths)[:-1]])
-        position = onp.arange(len(flat)) - onp.repeat(starts, lengths)  # within its sequence
-        return Ragged(flat[position < onp.repeat(kept, lengths)], kept)
+        return Ragged(flat, lengths)
+
+    def take(self, indices):
+        """The sequences at `indices`, in that order, as a new Ragged."""
+        indices = onp.asarray(indices, dtype=onp.int64)
+        lengths = self.lengths[indices]
+        starts = onp.repeat(self.offsets[:-1][indices], lengths)
+        within = onp.arange(int(lengths.sum())) - onp.repeat(onp.cumsum(lengths) - lengths, lengths)
+        return Ragged(self.flat[starts + within], lengths)
 
 
 class BucketBatches:
@@ -114,7 +119,9 @@ class BucketBatches:
     ``(X, X_valid_len, Y, Y_valid_len)`` as `load_data_nmt`'s, float32. Padding to the bucket
     rather than to the batch's longest pair keeps the shapes to a small fixed set
     (`shapes`: at most two batch sizes per bucket), so a static-shape graph is built once per
-    shape.
+    shape. A batch holds `batch_size` pairs, and with ``batch_tokens`` at most that many padded
+    tokens of its longer side (`batch_rows`: fairseq's ``--max-tokens``), so that long pairs come in
+    fewer rows and a batch's memory does not grow with its pairs' length.
 
     Every epoch the pairs of each bucket are shuffled, cut into batches, and the batches of all
     buckets shuffled together, with NumPy's global random state (as Gluon's samplers). With
@@ -125,8 +132,8 @@ class BucketBatches:
     ``--seed``) for their batches to be disjoint; the count does not depend on it.
     """
 
-    def __init__(self, src, tgt, batch_size, num_buckets, src_pad, tgt_pad, *, shuffle=True,
-                 rank=0, num_workers=1):
+    def __init__(self, src, tgt, batch_size, num_buckets, src_pad, tgt_pad, *, batch_tokens=0,
+                 shuffle=True, rank=0, num_workers=1):
         if not 0 <= rank < num_workers:
             raise ValueError(f"rank {rank} is not in 0..{num_workers - 1}")
         if not len(src):
@@ -144,7 +151,8 @@ class BucketBatches:
         found, starts = onp.unique(bucket[order], return_index=True)
         self.widths = [widths[b] for b in found]
         self.buckets = onp.split(order, starts[1:])
-        self.num_batches = sum((len(b) + batch_size - 1) // batch_size for b in self.buckets)
+        self.rows = [batch_rows(batch_size, batch_tokens, w) for w in self.widths]
+        self.num_batches = sum((len(b) + n - 1) // n for b, n in zip(self.buckets, self.rows))
 
     def __len__(self):
         """Batches per epoch for this worker (the same for every worker)."""
@@ -154,21 +162,20 @@ class BucketBatches:
     def shapes(self):
         """The set of ``(rows, src_width, tgt_width)`` this loader's batches can have."""
         out = set()
-        for (ws, wt), members in zip(self.widths, self.buckets):
-            if len(members) >= self.batch_size:
-                out.add((self.batch_size, ws, wt))
-            if len(members) % self.batch_size:
-                out.add((len(members) % self.batch_size, ws, wt))
+        for (ws, wt), members, n in zip(self.widths, self.buckets, self.rows):
+            if len(members) >= n:
+                out.add((n, ws, wt))
+            if len(members) % n:
+                out.add((len(members) % n, ws, wt))
         return out
 
     def __iter__(self):
         batches = []
-        for b, members in enumerate(self.buckets):
+        for b, (members, n) in enumerate(zip(self.buckets, self.rows)):
             if self.shuffle:
                 members = members.copy()
                 onp.random.shuffle(members)
-            batches += [(b, members[i:i + self.batch_size])
-                        for i in range(0, len(members), self.batch_size)]
+            batches += [(b, members[i:i + n]) for i in range(0, len(members), n)]
         order = onp.random.permutation(len(batches)) if self.shuffle else onp.arange(len(batches))
         for k in order[self.rank::self.num_workers][:len(self)]:
             yield self._pad(*batches[k])
@@ -185,12 +192,22 @@ class BucketBatches:
         return tuple(np.array(a, dtype="float32") for a in (X, X_len, Y, Y_len))
 
 
-def load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
-                  shuffle=True, *, rank=0, num_workers=1):
-    """`BucketBatches` of id sequences (`Ragged`, or lists of id lists): sentences cut at
-    `num_steps` ids (targets counting <bos> and <eos>) as `build_array` does; batches are those
-    of `load_data_nmt`: ``(X, X_valid_len, Y, Y_valid_len)``, padded to their bucket's widths."""
-    src = Ragged.of(source).cut(num_steps)
-    tgt = Ragged.of(target).cut(num_steps, tgt_vocab["<bos>"], tgt_vocab["<eos>"])
+def batch_rows(batch_size, batch_tokens, widths):
+    """The pairs a batch of a bucket of `widths` ``(src, tgt)`` holds: `batch_size`, and with
+    `batch_tokens` at most that many padded tokens of its longer side (at least one pair)."""
+    if not batch_tokens:
+        return batch_size
+    return max(1, min(batch_size, batch_tokens // max(widths)))
+
+
+def load_bucketed(source, target, src_vocab, tgt_vocab, batch_size, num_buckets, shuffle=True,
+                  *, batch_tokens=0, rank=0, num_workers=1):
+    """`BucketBatches` of id sequences (`Ragged`, or lists of id lists), the targets wrapped in
+    ``<bos>`` ... ``<eos>``, none cut (`data.lengths` keeps the pairs that fit); batches are
+    those of `load_data_nmt`: ``(X, X_valid_len, Y, Y_valid_len)``, padded to their bucket's
+    widths."""
+    src = Ragged.of(source)
+    tgt = Ragged.of(target).wrap(tgt_vocab["<bos>"], tgt_vocab["<eos>"])
     return BucketBatches(src, tgt, batch_size, num_buckets, src_vocab["<pad>"], tgt_vocab["<pad>"],
-                         shuffle=shuffle, rank=rank, num_workers=num_workers)
+                         batch_tokens=batch_tokens, shuffle=shuffle, rank=rank,
+                         num_workers=num_workers)

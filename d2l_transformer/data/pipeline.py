@@ -1,41 +1,143 @@
 """The data a config trains on, through the pipeline its fields choose: the chapter's (each
-edition's, d2l 9.5), d2l 1.0's with its validation pairs, or a held-out split with a tokenizer
-and buckets; any corpus, in the config's direction (`sources`)."""
+edition's, d2l 9.5), d2l 1.0's with its validation pairs, or the held-out pipeline (a split or
+the user's own dev and test sets, a tokenizer, the lengths the training part allows, buckets of
+batches by tokens); any corpus or corpora, in the config's direction, read once (`corpus`)."""
 
-from .sources import DataError, open_data
-from .split import load_data_split
-from .text import load_data_mt_fra_eng, load_data_nmt
-from .tokenize import WordTokenizer, words_problem
+import collections
+
+import numpy as onp
+from mxnet import np
+
+from .batches import Ragged, load_array, load_bucketed, shard
+from .corpus import read_corpus
+from .lengths import keep_pairs, length_limit, length_ratio
+from .sources import DataError
+from .split import make_parts
+from .text import RESERVED_TOKENS, Vocab, load_data_mt_fra_eng, load_data_nmt
+from .tokenize import TOKENIZERS, SubwordTokenizer, TokenizerError, WordTokenizer, words_problem
+
+SplitData = collections.namedtuple("SplitData", ["src_vocab", "tgt_vocab", "train_iter", "valid",
+                                                 "test", "tokenizer", "report"])
+Data = collections.namedtuple("Data", ["src_vocab", "tgt_vocab", "train_iter", "tokenizer",
+                                       "edition_valid", "corpus", "parts", "report"])
 
 
 def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=False,
-              tokenizer=None):
-    """``(src_vocab, tgt_vocab, train_iter, tokenizer, valid_iter)`` for `cfg`: the chapter's
-    pairs (`load_data_nmt`, as `cfg.edition`'s d2l prepares them; d2l 1.0's
-    `load_data_mt_fra_eng`, whose ``valid_iter`` holds its validation pairs, else None), or
-    the preset's own split, tokenizer and buckets (`load_data_split`) when it has them.
-    ``data_path``: a path, two aligned files or a `data.DataSource` (`data.open_data`, in
-    `cfg`'s direction). ``tokenizer``: the one a resumed run was trained with (else `cfg`'s, a
-    subword one trained on the training part)."""
-    data_path = open_data(data_path, cfg.source_lang, cfg.target_lang)
+              tokenizer=None, valid=None, test=None):
+    """The `Data` a run of `cfg` trains on: ``src_vocab``, ``tgt_vocab``, ``train_iter``,
+    ``tokenizer``, ``edition_valid`` (d2l 1.0's validation batches, else None), the `Corpus`
+    read, the held-out ``parts`` (`split.Split`, None for the chapter's pipeline) and the
+    ``report`` of what was read, cleaned, held out and dropped (summary.json's ``data``).
+    ``data_path``: what `corpus.read_corpus` reads, in `cfg`'s direction. ``tokenizer``: the
+    one a resumed or fine-tuned run was trained with (else `cfg`'s, a subword one trained on
+    the training part). ``valid``, ``test``: the user's own sets (`corpus.read_heldout`)."""
+    corpus = read_corpus(data_path, cfg.source_lang, cfg.target_lang)
+    report = {"counts": dict(corpus.counts)}
     if cfg.tokenizer == "word":  # the chapter's words are what lies between spaces: DataError
-        problem = words_problem(data_path)
+        problem = words_problem(corpus)
         if problem:
             raise DataError(problem)
     if cfg.edition == "1.0":
         if num_workers > 1:
             raise DataError("edition 1.0 trains in one process (its validation is d2l's)")
         src_vocab, tgt_vocab, train_iter, valid_iter = load_data_mt_fra_eng(
-            batch_size, cfg.num_steps, cfg.num_examples, cfg.num_valid, data_path,
-            fast_loader=fast)
-        return src_vocab, tgt_vocab, train_iter, WordTokenizer("1.0"), valid_iter
-    if cfg.num_valid or cfg.num_test or cfg.num_buckets:
+            batch_size, cfg.num_steps, cfg.num_examples, cfg.num_valid, corpus, fast_loader=fast)
+        return Data(src_vocab, tgt_vocab, train_iter, WordTokenizer("1.0"), valid_iter, corpus,
+                    None, report)
+    if cfg.held_out or valid or test:
         data = load_data_split(
             batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
-            cfg.num_test, cfg.num_buckets, data_path, rank=rank, num_workers=num_workers,
+            cfg.num_test, cfg.num_buckets, corpus, rank=rank, num_workers=num_workers,
             tokenizer=tokenizer or cfg.tokenizer, vocab_size=cfg.vocab_size, split_by=cfg.split_by,
-            joint_vocab=cfg.tie_embeddings == "all")
-        return data.src_vocab, data.tgt_vocab, data.train_iter, data.tokenizer, None
-    return load_data_nmt(batch_size, cfg.num_steps, cfg.num_examples, data_path, rank=rank,
-                         num_workers=num_workers, fast_loader=fast, min_freq=cfg.min_freq,
-                         edition=cfg.edition) + (WordTokenizer(cfg.edition), None)
+            joint_vocab=cfg.tie_embeddings == "all", batch_tokens=cfg.batch_tokens,
+            clean=cfg.clean, valid=valid, test=test)
+        return Data(data.src_vocab, data.tgt_vocab, data.train_iter, data.tokenizer, None,
+                    corpus, (data.valid, data.test), data.report)
+    src_vocab, tgt_vocab, train_iter = load_data_nmt(
+        batch_size, cfg.num_steps, cfg.num_examples, corpus, rank=rank, num_workers=num_workers,
+        fast_loader=fast, min_freq=cfg.min_freq, edition=cfg.edition)
+    return Data(src_vocab, tgt_vocab, train_iter, WordTokenizer(cfg.edition), None, corpus, None,
+                report)
+
+
+def make_tokenizer(kind, train, vocab_size, joint=False):
+    """A tokenizer of `kind` ("word" or "subword"), subwords trained on the `train` Pairs;
+    ``joint``: one sentencepiece model of both languages (``tie_embeddings="all"``)."""
+    if joint and kind != "subword":
+        raise TokenizerError(f"a joint vocabulary needs the subword tokenizer, not {kind!r}")
+    if kind == "word":
+        return WordTokenizer()
+    if kind == "subword":
+        if vocab_size < 1:
+            raise TokenizerError("the subword tokenizer needs vocab_size >= 1")
+        return SubwordTokenizer.train(train.source, train.target, vocab_size, joint)
+    raise TokenizerError(f"unknown tokenizer {kind!r}: use one of {', '.join(TOKENIZERS)}")
+
+
+def _encode(tok, train, min_freq):
+    """``(source ids, target ids, src_vocab, tgt_vocab)`` of the training `Pairs`: subwords
+    straight from sentencepiece (`Ragged`), or words whose vocabularies keep `min_freq`."""
+    if tok.kind == "subword":
+        return (tok.encode_ids(train.source), tok.encode_ids(train.target, True), tok.src_vocab(),
+                tok.tgt_vocab())
+    source = [tok.encode(s) for s in train.source]
+    target = [tok.encode_target(t) for t in train.target]
+    src_vocab = Vocab(source, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    tgt_vocab = Vocab(target, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    return (Ragged.of([src_vocab[s] for s in source]), Ragged.of([tgt_vocab[t] for t in target]),
+            src_vocab, tgt_vocab)
+
+
+def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
+                    num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1,
+                    tokenizer="word", vocab_size=0, split_by="group", joint_vocab=False,
+                    batch_tokens=0, clean=True, valid=None, test=None):
+    """The held-out pipeline: a `SplitData` ``(src_vocab, tgt_vocab, train_iter, valid, test,
+    tokenizer, report)``; valid and test are `Pairs` of text (`split.make_parts`).
+
+    ``tokenizer``: "word" (d2l's lower-cased words, vocabularies of the training part with
+    `min_freq`), "subword" (sentencepiece models of `vocab_size` pieces trained on the training
+    part; the vocabularies are its pieces), or a tokenizer object (one loaded from a model
+    directory, to resume or fine-tune). The training pairs longer than `num_steps` (0: the
+    limit of `lengths.length_limit`) or misaligned (`lengths.keep_pairs`, with `clean`) are
+    dropped and counted in ``report["lengths"]``, with the limit and the translations' length
+    ratio (`lengths.length_ratio`). ``num_buckets > 0``: `BucketBatches` (``batch_tokens``:
+    at most that many padded tokens a batch), whose list of batches is sharded between
+    ``num_workers`` workers; else arrays padded to the limit, whose pairs are sharded
+    (`shard`). ``joint_vocab``: a new subword tokenizer is one model of both languages."""
+    parts, report = make_parts(path, num_examples, num_valid, num_test, split_by, clean=clean,
+                               valid=valid, test=test)
+    tok = (make_tokenizer(tokenizer, parts.train, vocab_size, joint_vocab)
+           if isinstance(tokenizer, str) else tokenizer)
+    src_ids, tgt_ids, src_vocab, tgt_vocab = _encode(tok, parts.train, min_freq)
+    limit, why = length_limit(src_ids.lengths, tgt_ids.lengths, num_steps)
+    keep, counts = keep_pairs(src_ids.lengths, tgt_ids.lengths, limit, ratio=clean)
+    src_ids, tgt_ids = src_ids.take(keep), tgt_ids.take(keep)
+    report["lengths"] = dict(counts, limit=limit, why=why, pairs=len(keep),
+                             length_ratio=length_ratio(src_ids.lengths, tgt_ids.lengths))
+    if not len(keep):
+        raise DataError(f"no training pair is {limit} tokens or shorter ({why}): give a larger "
+                        "--set num_steps, or 0 to let the data decide")
+    if num_buckets:
+        train_iter = load_bucketed(src_ids, tgt_ids, src_vocab, tgt_vocab, batch_size,
+                                   num_buckets, batch_tokens=batch_tokens, rank=rank,
+                                   num_workers=num_workers)
+    else:
+        train_iter = load_array(_padded(src_ids, tgt_ids, limit, src_vocab, tgt_vocab, rank,
+                                        num_workers), batch_size)
+    return SplitData(src_vocab, tgt_vocab, train_iter, parts.valid, parts.test, tok, report)
+
+
+def _padded(src_ids, tgt_ids, width, src_vocab, tgt_vocab, rank, num_workers):
+    """``(X, X_valid_len, Y, Y_valid_len)`` of this worker's `shard` of the pairs, padded to
+    `width`, targets in ``<bos>`` ... ``<eos>`` (`build_array`'s layout, nothing cut)."""
+    rows = shard(list(range(len(src_ids))), rank, num_workers)
+    src = src_ids.take(rows)
+    tgt = tgt_ids.take(rows).wrap(tgt_vocab["<bos>"], tgt_vocab["<eos>"])
+    arrays = []
+    for seqs, pad in ((src, src_vocab["<pad>"]), (tgt, tgt_vocab["<pad>"])):
+        array = onp.full((len(seqs), width), pad, dtype=onp.float32)  # (n, width)
+        for i in range(len(seqs)):
+            array[i, :seqs.lengths[i]] = seqs[i]
+        arrays += [np.array(array), np.array(seqs.lengths, dtype="float32")]
+    return arrays

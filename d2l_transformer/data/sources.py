@@ -9,21 +9,28 @@ Three formats, one result (the same pairs in the same order, docs/data.md "Your 
 * two aligned plain-text files, one sentence a line (Moses, WMT, OPUS: ``train.de``,
   ``train.en``).
 
-A `DataSource` is a corpus on disk (its files, the language of each column) and a direction
-(which column is the source). The languages come from the file names (a Tatoeba member or zip,
-``*.de-en.tsv``, the extensions of aligned files), normalised to ISO 639-1 where there is a
-code (``deu`` -> ``de``, by ``pycountry``), or from ``--source-lang`` / ``--target-lang``.
+A TSV or a text file may be compressed (``.gz``, ``.xz``, ``.bz2``: OPUS ships ``.gz``); it is
+read through the standard library's decompressing streams. A `DataSource` is one corpus on disk
+(its files, the language of each column) and a direction (which column is the source); a run
+may read several (`open_corpora`), each in the same pair of languages. The languages come from
+the file names (a Tatoeba zip and its member, ``*.de-en.tsv``, the extensions of aligned files),
+normalised to ISO 639-1 where there is a code (``deu`` -> ``de``, by ``pycountry``), or from
+``--source-lang`` / ``--target-lang``, which win over a name (`choose_direction`).
 
-Reading is strict: a line without a tab or with too many columns, two files of different line
-counts, a tab inside a sentence of an aligned file, invalid UTF-8 and a zip without a text
-member are a one-line `DataError` naming the file and the line; a UTF-8 byte-order mark and
-CRLF line ends are read as what they are (no data). Pairs with an empty side are skipped, and
-their count is logged in one line with the first one's place.
+Reading is strict: a line with text but no tab or with too many columns, two files of different
+line counts, a tab inside a sentence of an aligned file, invalid UTF-8 and a zip without a text
+member are a one-line `DataError` naming the file and the line. Lines follow one rule
+(`read_lines`): a UTF-8 byte-order mark and the ``\\r`` of CRLF are no data, the final newline
+ends the last line. Blank lines and pairs with an empty side are no pairs: `data.corpus` drops
+and counts them.
 """
 
+import bz2
 import dataclasses
+import gzip
 import hashlib
 import logging
+import lzma
 import os
 import re
 import zipfile
@@ -33,6 +40,7 @@ log = logging.getLogger(__name__)
 
 DATA_ENV = "D2L_TRANSFORMER_DATA"
 TEXT_SUFFIXES = (".txt", ".tsv")
+COMPRESSED = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}  # read as streams
 ATTRIBUTION = "CC-BY"  # how the third column of Tatoeba's exports begins
 _CODE = re.compile(r"[a-z]{2,3}([-_][a-z0-9]{2,8})*")
 
@@ -93,18 +101,29 @@ def _named(part):
     return known_language(part)
 
 
+def uncompressed_name(path):
+    """The file name without its compression suffix (``train.de.gz`` -> ``train.de``)."""
+    name = os.path.basename(path)
+    root, suffix = os.path.splitext(name)
+    return root if suffix.lower() in COMPRESSED else name
+
+
 def _names_languages(files, member):
-    """The language of each column as the file names tell it, or ``(None, None)``."""
+    """The language of each column as the file names tell it, or ``(None, None)``: the
+    extensions of aligned files (``train.de``, ``train.de.gz``); a Tatoeba zip (English first,
+    the member's or the zip's code: ``deu.txt``, ``deu-eng.zip``); a name ending ``.xx-yy``
+    or ``xxx-yyy`` (``corpus.de-en.tsv``). A name of one code outside a zip (``dev.tsv``,
+    ``deu.txt``) names nothing: ``dev`` is Domung's code."""
     if len(files) == 2:  # aligned files: their extensions
-        langs = tuple(_named(os.path.splitext(f)[1][1:]) for f in files)
+        langs = tuple(_named(os.path.splitext(uncompressed_name(f))[1][1:]) for f in files)
         return langs if None not in langs else (None, None)
-    stem = os.path.splitext(os.path.basename(member or files[0]))[0]
-    if member is not None or _named(stem):  # a Tatoeba export: English first
-        other = _named(stem)
+    if member is not None:  # a Tatoeba export: English first
+        other = _named(os.path.splitext(os.path.basename(member))[0])
         if other is None:  # the zip's name, deu-eng.zip
             m = re.fullmatch(r"([a-z]{3})-eng", os.path.splitext(os.path.basename(files[0]))[0])
             other = _named(m.group(1)) if m else None
         return ("en", other) if other and other != "en" else (None, None)
+    stem = os.path.splitext(uncompressed_name(files[0]))[0]
     m = re.fullmatch(r"([a-z]{2,3})-([a-z]{2,3})", stem.rsplit(".", 1)[-1].lower())
     if m and _named(m.group(1)) and _named(m.group(2)):
         return _named(m.group(1)), _named(m.group(2))  # train.de-en.tsv
@@ -112,29 +131,40 @@ def _names_languages(files, member):
 
 
 def choose_direction(columns, source_lang=None, target_lang=None, shown="the data"):
-    """``(source_lang, target_lang)`` for a corpus whose columns hold the languages `columns`
-    (None where unknown): the flags where given, checked against the columns, else the first
-    column's language to the second's. DataError (one line) when they do not fit."""
+    """``(columns, source_lang, target_lang)`` for a corpus whose file names say its columns
+    hold the languages `columns` (None where they tell nothing). The flags win: both given and
+    not the named pair, they are the columns (the first column is the source; a logged line
+    when the names said otherwise); one given, it must be a named column and chooses the
+    direction; none, the first column's language to the second's. DataError (one line) when
+    they cannot decide, or both sides would be one language."""
     source_lang = source_lang and _checked_code(source_lang, "--source-lang")
     target_lang = target_lang and _checked_code(target_lang, "--target-lang")
-    if None in columns:
-        if not (source_lang and target_lang):
-            raise DataError(f"cannot tell the languages of {shown} from its name: give "
-                            "--source-lang and --target-lang (the first column is the source)")
+    if source_lang and target_lang:
         if source_lang == target_lang:
             raise DataError(f"--source-lang and --target-lang are both {source_lang}")
-        return source_lang, target_lang
+        if set(columns) == {source_lang, target_lang}:
+            return tuple(columns), source_lang, target_lang
+        if None not in columns:
+            log.warning("%s: its name says %s and %s; read as %s to %s, as --source-lang and "
+                        "--target-lang say (the first column is the source)", shown,
+                        *columns, source_lang, target_lang)
+        return (source_lang, target_lang), source_lang, target_lang
+    if None in columns:
+        raise DataError(f"cannot tell the languages of {shown} from its name: give "
+                        "--source-lang and --target-lang (the first column is the source)")
     first, second = columns
+    if first == second:
+        raise DataError(f"both columns of {shown} are {first} by their names: give "
+                        "--source-lang and --target-lang (the first column is the source)")
     for flag, value in (("--source-lang", source_lang), ("--target-lang", target_lang)):
         if value and value not in columns:
-            raise DataError(f"{shown} holds {first} and {second}, not {value} ({flag})")
-    if source_lang and target_lang and source_lang == target_lang:
-        raise DataError(f"--source-lang and --target-lang are both {source_lang}")
+            raise DataError(f"{shown} holds {first} and {second}, not {value} ({flag}; give "
+                            "both flags to read its columns as other languages)")
     if source_lang:
-        return source_lang, second if source_lang == first else first
+        return tuple(columns), source_lang, second if source_lang == first else first
     if target_lang:
-        return (second if target_lang == first else first), target_lang
-    return first, second
+        return tuple(columns), (second if target_lang == first else first), target_lang
+    return tuple(columns), first, second
 
 
 def _checked_code(value, flag):
@@ -153,6 +183,13 @@ def progress(items, what, unit):
                 unit_scale=True, mininterval=0.5)
 
 
+def _not_found(path):
+    """The one line for a missing file: the default corpus names its variable."""
+    if os.path.abspath(path) == os.path.abspath(default_data_path()):
+        return DataError(f"dataset not found: {path} (set {DATA_ENV} or pass the path)")
+    return DataError(f"{path} not found")
+
+
 def _zip_member(path):
     """The text member of a zip: the one ``.txt``/``.tsv`` file whose name does not start with
     ``_`` (Tatoeba's ``_about.txt``); DataError when there is none or several."""
@@ -160,7 +197,7 @@ def _zip_member(path):
         with zipfile.ZipFile(path) as z:
             names = [n for n in z.namelist() if not n.endswith("/")]
     except FileNotFoundError:
-        raise DataError(f"dataset not found: {path} (set {DATA_ENV} or pass the path)") from None
+        raise _not_found(path) from None
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise DataError(f"dataset {path} is damaged or unreadable: {e}") from None
     texts = [n for n in names if n.lower().endswith(TEXT_SUFFIXES)
@@ -174,49 +211,61 @@ def _zip_member(path):
 
 
 def _read_bytes(path, member=None):
+    """The bytes of a file, of a zip's `member`, or of a compressed file (`COMPRESSED`, by its
+    suffix), decompressed; DataError, one line, naming the file."""
+    opener = COMPRESSED.get(os.path.splitext(path)[1].lower(), open)
     try:
-        if member is None:
-            with open(path, "rb") as f:
-                return f.read()
-        with zipfile.ZipFile(path) as z:
-            return z.read(member)
+        if member is not None:
+            with zipfile.ZipFile(path) as z:
+                return z.read(member)
+        with opener(path, "rb") as f:
+            return f.read()
     except FileNotFoundError:
-        raise DataError(f"dataset not found: {path} (set {DATA_ENV} or pass the path)") from None
+        raise _not_found(path) from None
     except IsADirectoryError:
         raise DataError(f"{path} is a directory, not a data file") from None
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise DataError(f"dataset {path} is damaged or unreadable: {e}") from None
+    except (zipfile.BadZipFile, OSError, EOFError, lzma.LZMAError) as e:
+        raise DataError(f"{path} is damaged or unreadable: {e}") from None
 
 
-def read_lines(path, member=None):
-    """The lines of a UTF-8 text file (or of a zip's `member`), as a list of str: a leading
-    byte-order mark and the ``\\r`` of CRLF line ends removed, the final newline and trailing
-    empty lines not counted as lines. Invalid UTF-8 is a DataError naming the line."""
-    data = _read_bytes(path, member)
+def read_lines(path, member=None, what=None):
+    """The lines of a UTF-8 text file (compressed or not, or a zip's `member`) as a list of
+    str, by the one rule of every file the package reads (corpora, test sets, hypotheses,
+    references): a leading byte-order mark and the ``\\r`` of CRLF line ends are no data; the
+    final newline ends the last line (``"a\\nb\\n"`` is two lines, ``"a\\n\\n"`` two, the
+    second empty), as sacreBLEU reads. Invalid UTF-8 is a DataError naming the line; `what`
+    names the file in the messages (``"reference file"``)."""
     shown = f"{path}:{member}" if member else path
+    try:
+        data = _read_bytes(path, member)
+    except DataError as e:
+        raise DataError(f"{what} {e}" if what else str(e)) from None
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{shown} line {line}: not UTF-8 ({e.reason})") from None
+        raise DataError(f"{what + ' ' if what else ''}{shown} line {line}: not UTF-8 "
+                        f"({e.reason})") from None
     if "\r\n" in text:
         text = text.replace("\r\n", "\n")
     lines = text.split("\n")
-    while lines and lines[-1] == "":
-        lines.pop()
+    if lines[-1] == "":
+        lines.pop()  # the final newline ends the last line
     return lines
 
 
 def _columns_of(lines, shown):
-    """Each line's two columns (a third, Tatoeba's attribution, dropped); DataError naming the
-    first line with another shape."""
+    """Each line's two columns (a third, Tatoeba's attribution, dropped; a blank line two empty
+    sides); DataError naming the first line with another shape."""
     first, second = [], []
     for i, line in enumerate(progress(lines, f"reading {os.path.basename(shown)}", "line")):
         parts = line.split("\t")
         if len(parts) == 3 and parts[2].startswith(ATTRIBUTION):
             parts.pop()
+        if len(parts) == 1 and not line.strip():
+            parts = ["", ""]  # a blank line: no pair (`data.corpus` counts it)
         if len(parts) != 2:
             what = "has no tab" if len(parts) == 1 else \
                 f"has {len(parts)} columns, not 2 (source<TAB>target)"
@@ -241,24 +290,13 @@ def _aligned(files):
     return sides
 
 
-def _without_empty(first, second, shown):
-    """The pairs whose two sides hold text; the skipped ones counted in one logged line."""
-    empty = [i for i, (a, b) in enumerate(zip(first, second)) if not a.strip() or not b.strip()]
-    if not empty:
-        return first, second
-    log.warning("%s: skipped %d pair%s with an empty side (the first at line %d)", shown,
-                len(empty), "s" * (len(empty) > 1), empty[0] + 1)
-    drop = set(empty)
-    keep = [i for i in range(len(first)) if i not in drop]
-    return [first[i] for i in keep], [second[i] for i in keep]
-
-
 # ---------------------------------------------------------------------------------- a source
 @dataclasses.dataclass(frozen=True)
 class DataSource:
-    """A parallel corpus and a direction: `files` (one zip or TSV, or two aligned files,
-    absolute), the zip's text `member`, the language of each of its two `columns`, and the
-    `source_lang` and `target_lang` (two of `columns`). `pairs` reads it."""
+    """A parallel corpus on disk and a direction: `files` (one zip or TSV, or two aligned
+    files, absolute), the zip's text `member`, the language of each of its two `columns`, and
+    the `source_lang` and `target_lang` (the two of `columns`). `columns_text` reads it;
+    `data.corpus.read_corpus` reads one or several into memory, once, with counts."""
 
     files: Tuple[str, ...]
     columns: Tuple[str, str]
@@ -276,18 +314,23 @@ class DataSource:
         return " and ".join(self.files)
 
     def columns_text(self):
-        """The two columns as lists of str, in file order, pairs with an empty side skipped."""
+        """The two columns as lists of str, in file order, a pair a line (blank lines and empty
+        sides included: `data.corpus` counts and drops them)."""
         if len(self.files) == 2:
-            first, second = _aligned(self.files)
-        else:
-            shown = f"{self.files[0]}:{self.member}" if self.member else self.files[0]
-            first, second = _columns_of(read_lines(self.files[0], self.member), shown)
-        return _without_empty(first, second, self.shown)
+            return _aligned(self.files)
+        shown = f"{self.files[0]}:{self.member}" if self.member else self.files[0]
+        return _columns_of(read_lines(self.files[0], self.member), shown)
 
-    def pairs(self):
-        """``(sources, targets)``: the corpus in this direction, lists of str as written."""
+    def lines(self):
+        """``(sources, targets)``: every line in this direction, empty sides included."""
         first, second = self.columns_text()
         return (second, first) if self.reversed else (first, second)
+
+    def pairs(self):
+        """``(sources, targets)``: the pairs in this direction, as written, without those with
+        an empty side."""
+        keep = [(s, t) for s, t in zip(*self.lines()) if s.strip() and t.strip()]
+        return [s for s, _ in keep], [t for _, t in keep]
 
     def text(self):
         """The pairs in the chapter's layout, ``source<TAB>target`` a line, each line ended by a
@@ -297,7 +340,8 @@ class DataSource:
         return "".join(f"{s}\t{t}\n" for s, t in zip(sources, targets))
 
     def describe(self, pairs=None):
-        """What a model directory records of its data (summary.json's ``data``)."""
+        """What a model directory records of this corpus: its files, member, columns and
+        direction, and (given its `pairs`) their number and SHA-256 (`fingerprint`)."""
         record = {"files": list(self.files), "member": self.member, "columns": list(self.columns),
                   "source_lang": self.source_lang, "target_lang": self.target_lang}
         if pairs is not None:
@@ -315,23 +359,44 @@ def fingerprint(pairs):
 
 
 def open_data(data=None, source_lang=None, target_lang=None, columns=None):
-    """The `DataSource` of `data`: None (`default_data_path`), a path (a zip, a TSV file), two
-    paths (aligned files), or a DataSource (returned as it is). `source_lang`/`target_lang`
-    choose the direction (`choose_direction`); `columns`: the languages of the columns as a
-    model directory recorded them (a file name that tells none). DataError, one line."""
-    if isinstance(data, DataSource):
+    """The `DataSource` of `data`: None (`default_data_path`), a path (a zip, a TSV file, either
+    compressed), two paths (aligned files), or a source (a DataSource, or an in-memory
+    `data.corpus.Corpus`: returned as it is). `source_lang`/`target_lang` choose the direction
+    and win over the names (`choose_direction`); `columns`: the languages of the columns as a
+    model directory recorded them. DataError, one line."""
+    if hasattr(data, "source_lang") and hasattr(data, "pairs"):
         return data
     paths = [default_data_path()] if data is None else \
         [data] if isinstance(data, (str, os.PathLike)) else list(data)
     if not 1 <= len(paths) <= 2:
-        raise DataError(f"--data takes one file (a zip or TSV) or two aligned files, not {len(paths)}")
+        raise DataError(f"--data takes one file (a zip or TSV) or two aligned files, not "
+                        f"{len(paths)} (repeat --data for several corpora)")
     files = tuple(os.path.abspath(os.fspath(p)) for p in paths)
     for f in files:
         if not os.path.exists(f):
-            raise DataError(f"dataset not found: {f}")
-    is_zip = files[0].lower().endswith(".zip") or zipfile.is_zipfile(files[0])
-    member = _zip_member(files[0]) if len(files) == 1 and is_zip else None
-    langs = tuple(columns) if columns else _names_languages(files, member)
+            raise _not_found(f)
+        if os.path.isdir(f):
+            raise DataError(f"{f} is a directory, not a data file")
+    is_zip = len(files) == 1 and (files[0].lower().endswith(".zip") or zipfile.is_zipfile(files[0]))
+    member = _zip_member(files[0]) if is_zip else None
     shown = " and ".join(os.path.basename(f) for f in files)
-    src, tgt = choose_direction(langs, source_lang, target_lang, shown)
-    return DataSource(files, langs if None not in langs else (src, tgt), src, tgt, member)
+    named = tuple(columns) if columns else _names_languages(files, member)
+    langs, src, tgt = choose_direction(named, source_lang, target_lang, shown)
+    return DataSource(files, langs, src, tgt, member)
+
+
+def open_corpora(data=None, source_lang=None, target_lang=None):
+    """The `DataSource` of each corpus of `data` (a list of what `open_data` takes, or one of
+    them), all in one direction: the first one's pair (its flags' or names'), which every
+    other must hold. DataError, one line, naming the corpus that does not."""
+    many = isinstance(data, (list, tuple)) and data and \
+        all(isinstance(d, (list, tuple)) or hasattr(d, "pairs") for d in data)
+    sources = [open_data(d, source_lang, target_lang) for d in (data if many else [data])]
+    first = sources[0]
+    for other in sources[1:]:
+        if {other.source_lang, other.target_lang} != {first.source_lang, first.target_lang}:
+            raise DataError(f"{other.shown} holds {other.source_lang} and {other.target_lang}, "
+                            f"not {first.source_lang} and {first.target_lang} (the first "
+                            "corpus's): every --data of a run is one pair of languages")
+    return [s if s.source_lang == first.source_lang else open_data(
+        s.files, first.source_lang, first.target_lang, s.columns) for s in sources]

@@ -1,10 +1,16 @@
-"""Held-out data that is held out: splits by SOURCE SENTENCE, not by pair.
+"""Held-out parts that are held out: splits by GROUPS of pairs that share a source or a target
+sentence, so that no test sentence, source or reference, was seen in training.
 
 fra.txt has 167,130 pairs but only ~117k distinct English sentences: one sentence often comes
-with several French translations. A split of pairs puts the same sentence in the training and
-the test part (half of a 2,000-pair random test set), so the test would measure memory, not
-translation. Here every pair whose normalised source is the same lands in the same part, and
-`source_overlap` counts what a test part shares with training (0 for these splits).
+with several French translations, and one French sentence translates several English ones
+("tu es" and "vous êtes"). A split of pairs puts the same sentence in training and test (half of
+a 2,000-pair random test set); a split by source sentence still lets a test REFERENCE be a
+training target (52% of them from French to English). `split_by_group` joins the pairs that
+share a normalised source or a normalised target (`normalize_sentence`) and keeps each connected
+group in one part: 109,686 groups on fra.txt, the largest of 56 pairs, so parts of exactly 2,000
+pairs are easy to draw. `split_by_source` and `split_by_pair` are the splits model directories
+were trained on before (``split_by`` in their config), kept so that they are still evaluated on
+their own parts. `overlaps` counts what a part shares with training; paraphrases are not caught.
 """
 
 import collections
@@ -12,61 +18,51 @@ import os
 
 import numpy as onp
 
-from .batches import load_array, load_bucketed, shard
-from .sources import open_data, progress
-from .text import (
-    RESERVED_TOKENS,
-    Vocab,
-    build_array,
-    fra_pairs,
-    plain_spaces,
-    preprocess_fast,
-    read_data_nmt,
-    tokenize_nmt_lines,
-)
-from .tokenize import TOKENIZERS, SubwordTokenizer, TokenizerError, WordTokenizer
+from .corpus import clean_pairs, read_corpus
+from .sources import DataError, progress
+from .text import preprocess_fast, read_data_nmt, tokenize_nmt_lines
 
 Pairs = collections.namedtuple("Pairs", ["source", "target"])
 Split = collections.namedtuple("Split", ["train", "valid", "test"])
-SplitData = collections.namedtuple("SplitData", ["src_vocab", "tgt_vocab", "train_iter", "valid",
-                                                 "test", "tokenizer"])
+Overlap = collections.namedtuple("Overlap", ["sources", "references", "unseen"])
 
 
-def normalize_source(sentence):
-    """The key that decides "same source sentence": d2l's preprocessing (lower case, a space
-    before ``, . !``) with whitespace collapsed. `sentence`: text, or d2l tokens."""
+def normalize_sentence(sentence):
+    """The key that decides "the same sentence", on either side: d2l's preprocessing (lower
+    case, a space before ``, . !``) with whitespace collapsed. `sentence`: text, or d2l tokens."""
     if not isinstance(sentence, str):
         return " ".join(" ".join(sentence).split())  # already preprocessed tokens
     return " ".join(preprocess_fast(sentence).split())
 
 
-def clean_text(text):
-    """A sentence as it is kept: non-breaking spaces (French ``Va\\u202f!``) made plain, and
-    whitespace collapsed; case and punctuation untouched."""
-    return " ".join(plain_spaces(text).split())
-
-
-def _pairs_of(text, start=0, stop=None):
-    pairs = [(clean_text(english), clean_text(french))
-             for english, french in fra_pairs(text, start, stop)]
-    return Pairs([s for s, _ in pairs], [t for _, t in pairs])
-
-
-def read_pairs(path=None, num_examples=None, start=0):
-    """The sentence pairs of fra.txt (or of any corpus, `sources.open_data`) as cleaned text
-    (`clean_text`): ``Pairs(source, target)`` of the lines ``start .. num_examples`` (to the end
-    when None), numbered as `tokenize_nmt` numbers them."""
-    sources, targets = open_data(path).pairs()
+def read_pairs(path=None, num_examples=None):
+    """The sentence pairs of fra.txt (or of any corpus, `corpus.read_corpus`) as they are kept
+    (`corpus.clean_text`), uncleaned otherwise: ``Pairs(source, target)`` of the first
+    ``num_examples + 1`` pairs (all when None), numbered as `tokenize_nmt` numbers them."""
+    corpus = read_corpus(path)
     stop = None if num_examples is None else num_examples + 1
-    return Pairs([clean_text(s) for s in progress(sources[start:stop], "cleaning", "pair")],
-                 [clean_text(t) for t in targets[start:stop]])
+    sources, targets, _ = clean_pairs(corpus.sources[:stop], corpus.targets[:stop], clean=False)
+    return Pairs(sources, targets)
 
 
-def source_overlap(sources, train_sources):
-    """How many of `sources` (text or d2l tokens) also occur, normalised, among
-    `train_sources`: the test pairs a model may have memorised rather than translated."""
-    seen = {normalize_source(s) for s in train_sources}
-    return sum(normalize_source(s) in seen for s in sources)
+def overlap(sentences, seen):
+    """How many of `sentences` (text or d2l tokens) also occur, normalised, among `seen`: the
+    test sources (or references) a model may have memorised rather than translated."""
+    keys = {normalize_sentence(s) for s in seen}
+    return sum(normalize_sentence(s) in keys for s in sentences)
+
+
+def overlaps(part, train):
+    """The `Overlap` of a part (`Pairs`; a target may be a list of references) with the training
+    part: its sources seen as training sources, its references seen as training targets (a
+    pair's, when any of them is), and the indices of its pairs unseen on both sides."""
+    sources = {normalize_sentence(s) for s in train.source}
+    targets = {normalize_sentence(t) for t in train.target}
+    seen_s = [normalize_sentence(s) in sources for s in part.source]
+    seen_t = [any(normalize_sentence(r) in targets for r in ([t] if isinstance(t, str) else t))
+              for t in part.target]  # a pair's references: one, or a list
+    return Overlap(sum(seen_s), sum(seen_t),
+                   [i for i, (a, b) in enumerate(zip(seen_s, seen_t)) if not (a or b)])
 
 
 def heldout_nmt(src_vocab, tgt_vocab, num_examples=1000, num_heldout=None, path=None):
@@ -80,14 +76,14 @@ def heldout_nmt(src_vocab, tgt_vocab, num_examples=1000, num_heldout=None, path=
     many pairs (None: all). ``in_vocab`` keeps the pairs whose every source and target token is
     in the vocabularies (a fair test of a small-vocabulary model). The same on every machine.
     """
-    text = read_data_nmt(path)
-    pre = preprocess_fast(text)  # = preprocess_nmt(text)
+    corpus = read_corpus(path)
+    pre = preprocess_fast(read_data_nmt(corpus))  # = preprocess_nmt(text)
     start = num_examples + 1  # the chapter keeps lines 0..num_examples
     train_src, _ = tokenize_nmt_lines(pre, 0, start)
-    seen = {normalize_source(s) for s in train_src}
+    seen = {normalize_sentence(s) for s in train_src}
     tok_src, tok_tgt = tokenize_nmt_lines(pre, start)
-    raw = _pairs_of(text, start)
-    keep = [i for i in range(len(tok_src)) if normalize_source(tok_src[i]) not in seen]
+    raw = tuple(side[start:] for side in read_pairs(corpus))
+    keep = [i for i in range(len(tok_src)) if normalize_sentence(tok_src[i]) not in seen]
     excluded = len(tok_src) - len(keep)
     keep = keep[:num_heldout] if num_heldout is not None else keep
     in_vocab = [i for i in keep if src_vocab.unk not in src_vocab[tok_src[i]]
@@ -100,17 +96,10 @@ def heldout_nmt(src_vocab, tgt_vocab, num_examples=1000, num_heldout=None, path=
             "excluded": excluded}
 
 
-def split_pairs(source, target, num_valid, num_test, seed=0):
-    """A deterministic random ``(train, valid, test)`` split that keeps every source sentence
-    in one part: the pairs are grouped by `normalize_source`, the groups taken in a fixed-seed
-    random order (independent of the global RNGs), and a group goes to valid while it fits in
-    `num_valid` pairs, else to test while it fits in `num_test`, else to train. Each part is
-    ``Pairs(source, target)`` (exactly `num_valid` / `num_test` pairs when enough single-pair
-    groups remain, as in fra.txt)."""
-    groups = collections.defaultdict(list)
-    for i, s in enumerate(progress(source, "splitting by source sentence", "pair")):
-        groups[normalize_source(s)].append(i)
-    members = list(groups.values())  # in order of first occurrence: deterministic
+def _assign(members, num_valid, num_test, seed):
+    """``Split`` of index groups: the groups taken in a fixed-seed random order (independent of
+    the global RNGs), a group to valid while it fits in `num_valid` pairs, else to test while it
+    fits in `num_test`, else to train."""
     parts = ([], [], [])  # valid, test, train
     for g in onp.random.RandomState(seed).permutation(len(members)):
         idx = members[g]
@@ -120,111 +109,145 @@ def split_pairs(source, target, num_valid, num_test, seed=0):
             parts[1].extend(idx)
         else:
             parts[2].extend(idx)
-    valid, test, train = (Pairs([source[i] for i in idx], [target[i] for i in idx]) for idx in parts)
-    return Split(train, valid, test)
+    return Split(parts[2], parts[0], parts[1])
+
+
+def _pick(source, target, split):
+    return Split(*(Pairs([source[i] for i in idx], [target[i] for i in idx]) for idx in split))
+
+
+def split_by_group(source, target, num_valid, num_test, seed=0):
+    """A deterministic random ``(train, valid, test)`` split in which no sentence of a held-out
+    part, source or target, is in another part: the pairs are joined when they share a
+    normalised source or a normalised target (`normalize_sentence`; union-find), and each
+    connected group goes to one part (`_assign`, groups in order of first occurrence). Each part
+    is ``Pairs(source, target)``, exactly `num_valid` / `num_test` pairs when enough small
+    groups remain (as in fra.txt)."""
+    parent = list(range(len(source)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    first = {}
+    for i, pair in enumerate(progress(zip(source, target), "splitting by sentence groups", "pair")):
+        for key in (("s", normalize_sentence(pair[0])), ("t", normalize_sentence(pair[1]))):
+            a, b = root(first.setdefault(key, i)), root(i)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups = collections.defaultdict(list)
+    for i in range(len(source)):
+        groups[root(i)].append(i)  # in order of first occurrence: deterministic
+    return _pick(source, target, _assign(list(groups.values()), num_valid, num_test, seed))
+
+
+def split_by_source(source, target, num_valid, num_test, seed=0):
+    """`split_by_group` with the pairs grouped by their normalised source alone: a test
+    reference may be a training target. How model directories were split before the groups."""
+    groups = collections.defaultdict(list)
+    for i, s in enumerate(progress(source, "splitting by source sentence", "pair")):
+        groups[normalize_sentence(s)].append(i)
+    return _pick(source, target, _assign(list(groups.values()), num_valid, num_test, seed))
 
 
 def split_by_pair(source, target, num_valid, num_test, seed=0):
     """A fixed-seed random permutation of the PAIRS cut into ``(train, valid, test)``: how the
-    full presets were split before `split_pairs`. It leaks (a source sentence can be in two
+    full presets were split before `split_by_source`. It leaks (a source sentence can be in two
     parts); kept to evaluate model directories trained on it honestly."""
     order = onp.random.RandomState(seed).permutation(len(source))
     parts = (order[num_valid + num_test:], order[:num_valid], order[num_valid:num_valid + num_test])
-    return Split(*(Pairs([source[i] for i in idx], [target[i] for i in idx]) for idx in parts))
+    return _pick(source, target, parts)
 
 
 SPLIT_SEED = 0  # the valid/test split is the same for every run, whatever its --seed
-SPLITS = {"source": split_pairs, "pair": split_by_pair}
+SPLITS = {"group": split_by_group, "source": split_by_source, "pair": split_by_pair}
 
 
-def split_corpus(num_examples=None, num_valid=0, num_test=0, path=None, by="source"):
-    """`Split` of the first ``num_examples + 1`` pairs of fra.txt (all when None), as cleaned
-    text; valid and test get at most a tenth of the pairs each. ``by``: "source" (`split_pairs`)
-    or "pair" (`split_by_pair`, for model directories trained on it)."""
+def _without_heldout(source, target, heldout):
+    """The pairs sharing no normalised source or target with the user's own sets `heldout`
+    (``(sources, targets, record)`` each), and how many were dropped."""
+    sources = {normalize_sentence(s) for h in heldout for s in h[0]}
+    targets = {normalize_sentence(t) for h in heldout for t in h[1]}
+    keep = [i for i, (s, t) in enumerate(zip(source, target))
+            if normalize_sentence(s) not in sources and normalize_sentence(t) not in targets]
+    return [source[i] for i in keep], [target[i] for i in keep], len(source) - len(keep)
+
+
+def make_parts(data, num_examples=None, num_valid=0, num_test=0, by="group", *, clean=True,
+               valid=None, test=None):
+    """``(Split, report)``: the held-out parts of `data` (a `corpus.Corpus`, or what
+    `corpus.read_corpus` reads), as a run trains on them. Its first ``num_examples + 1`` pairs
+    (all when None), cleaned (`corpus.clean_pairs`, with `clean`), split by `by` (`SPLITS`);
+    valid and test get at most a tenth of the pairs each. `valid`, `test`: the user's own sets
+    (`corpus.read_heldout`), which replace the split's parts, and training pairs sharing a
+    sentence with them are dropped. ``report``: the counts and records of summary.json's
+    ``data``. DataError, one line, when an asked part would be empty."""
     if by not in SPLITS:
         raise ValueError(f"unknown split {by!r}: use one of {', '.join(SPLITS)}")
-    pairs = read_pairs(path, num_examples)
-    n = len(pairs.source)
-    return SPLITS[by](pairs.source, pairs.target, min(num_valid, n // 10), min(num_test, n // 10),
-                      SPLIT_SEED)
+    corpus = read_corpus(data)
+    stop = None if num_examples is None else num_examples + 1
+    source, target, counts = clean_pairs(corpus.sources[:stop], corpus.targets[:stop], clean)
+    counts = dict(corpus.counts, **counts)
+    if stop is not None and stop < len(corpus.sources):
+        counts["first"] = stop  # the first num_examples + 1 pairs (--max-pairs)
+    given = [h for h in (valid, test) if h is not None]
+    if given:
+        source, target, counts["shared_with_heldout"] = _without_heldout(source, target, given)
+    n = len(source)
+    asked = (0 if valid else num_valid, 0 if test else num_test)
+    train, part_v, part_t = SPLITS[by](source, target, *(min(a, n // 10) for a in asked), SPLIT_SEED)
+    _check_parts(corpus, n, asked, (part_v, part_t), train)
+    parts = Split(train, Pairs(*valid[:2]) if valid else part_v, Pairs(*test[:2]) if test else part_t)
+    report = {"split": by, "counts": counts, "kept": n,
+              "valid": valid[2] if valid else {"from": "split", "pairs": len(part_v.source)},
+              "test": test[2] if test else {"from": "split", "pairs": len(part_t.source)}}
+    return parts, report
 
 
-def make_tokenizer(kind, train, vocab_size, joint=False):
-    """A tokenizer of `kind` ("word" or "subword"), subwords trained on the `train` Pairs;
-    ``joint``: one sentencepiece model of both languages (``tie_embeddings="all"``)."""
-    if joint and kind != "subword":
-        raise TokenizerError(f"a joint vocabulary needs the subword tokenizer, not {kind!r}")
-    if kind == "word":
-        return WordTokenizer()
-    if kind == "subword":
-        if vocab_size < 1:
-            raise TokenizerError("the subword tokenizer needs vocab_size >= 1")
-        return SubwordTokenizer.train(train.source, train.target, vocab_size, joint)
-    raise TokenizerError(f"unknown tokenizer {kind!r}: use one of {', '.join(TOKENIZERS)}")
+def _check_parts(corpus, n, asked, parts, train):
+    """DataError (one line, naming the corpus and what it needs) when a held-out part asked
+    for is empty, or no training pair is left."""
+    for name, want, part in zip(("valid", "test"), asked, parts):
+        if want and not part.source:
+            raise DataError(
+                f"{corpus.shown}: {n:,} pairs (after cleaning) are too few for a {name} part: "
+                f"it takes at most a tenth of the pairs, so it needs at least 10 (the preset's "
+                f"{want:,} {name} pairs need {10 * want:,}); give more data or --set "
+                f"num_{name}=0")
+    if not train.source:
+        raise DataError(f"{corpus.shown}: no training pairs are left after the held-out parts")
 
 
-def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
-                    num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1,
-                    tokenizer="word", vocab_size=0, split_by="source", joint_vocab=False):
-    """`load_data_nmt` with a held-out split (`split_corpus`) and optional bucketing, for
-    corpora beyond the chapter's 1001 pairs: a `SplitData` ``(src_vocab, tgt_vocab,
-    train_iter, valid, test, tokenizer)``; valid and test are `Pairs` of text.
-
-    ``tokenizer``: "word" (d2l's lower-cased words, vocabularies of the training part with
-    `min_freq`), "subword" (sentencepiece models of `vocab_size` pieces trained on the training
-    part; the vocabularies are its pieces), or a tokenizer object (one loaded from a model
-    directory, to resume). ``num_buckets > 0``: `BucketBatches`, whose list of batches is
-    sharded between ``num_workers`` workers; else the chapter's padded arrays, whose
-    sentences are sharded (`shard`). ``split_by``: see `split_corpus`. ``joint_vocab``: a new
-    subword tokenizer is one model of both languages, one vocabulary (``tie_embeddings="all"``:
-    ``joint_vocab=cfg.tie_embeddings == "all"``); a tokenizer object is used as it is.
-    """
-    train, valid, test = split_corpus(num_examples, num_valid, num_test, path, split_by)
-    tok = (make_tokenizer(tokenizer, train, vocab_size, joint_vocab) if isinstance(tokenizer, str)
-           else tokenizer)
-    if tok.kind == "subword" and num_buckets:  # ids straight from sentencepiece, compactly
-        src_vocab, tgt_vocab = tok.src_vocab(), tok.tgt_vocab()
-        train_iter = load_bucketed(tok.encode_ids(train.source), tok.encode_ids(train.target, True),
-                                   src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
-                                   rank=rank, num_workers=num_workers)
-        return SplitData(src_vocab, tgt_vocab, train_iter, valid, test, tok)
-    source = [tok.encode(s) for s in train.source]
-    target = [tok.encode_target(t) for t in train.target]
-    if tok.kind == "subword":
-        src_vocab, tgt_vocab = tok.src_vocab(), tok.tgt_vocab()
-    else:
-        src_vocab = Vocab(source, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
-        tgt_vocab = Vocab(target, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
-    if num_buckets:
-        train_iter = load_bucketed([src_vocab[s] for s in source], [tgt_vocab[t] for t in target],
-                                   src_vocab, tgt_vocab, batch_size, num_steps, num_buckets,
-                                   rank=rank, num_workers=num_workers)
-    else:
-        if num_workers > 1:
-            source, target = shard(source, rank, num_workers), shard(target, rank, num_workers)
-        src_array, src_valid_len = build_array(source, src_vocab, num_steps, True)
-        tgt_array, tgt_valid_len = build_array(target, tgt_vocab, num_steps, False)
-        train_iter = load_array((src_array, src_valid_len, tgt_array, tgt_valid_len), batch_size)
-    return SplitData(src_vocab, tgt_vocab, train_iter, valid, test, tok)
+def split_corpus(num_examples=None, num_valid=0, num_test=0, path=None, by="group", *,
+                 clean=True):
+    """The `Split` of `make_parts` (train, valid and test `Pairs` of cleaned text) of the
+    corpus at `path` (fra-eng.zip by default; a `corpus.Corpus`)."""
+    return make_parts(path, num_examples, num_valid, num_test, by, clean=clean)[0]
 
 
-def evaluation_sets(cfg, src_vocab, tgt_vocab, data_path=None):
-    """``([(name, Pairs of text, sources seen in training or None)], note)``: the preset's own
-    valid and test parts, or the chapter's training pairs and the pairs held out after them;
-    ``note`` describes the chapter's held-out lines (None for the presets' own split)."""
-    if cfg.num_valid or cfg.num_test or cfg.num_buckets:  # the full presets' own split
-        train, valid, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, data_path,
-                                          cfg.split_by)
-        return [(name, part, source_overlap(part.source, train.source))
-                for name, part in (("valid", valid), ("test", test))], None
-    train = read_pairs(data_path, cfg.num_examples)
-    held = heldout_nmt(src_vocab, tgt_vocab, cfg.num_examples, path=data_path)
-    data = open_data(data_path)
-    shown = os.path.basename(data.member or data.files[0])
+def evaluation_sets(cfg, src_vocab, tgt_vocab, data=None, *, valid=None, test=None):
+    """``([(name, Pairs of text, Overlap or None)], note)``: what ``evaluate`` scores of a model
+    trained with `cfg` on `data`: its valid and test parts (`make_parts`; `valid`, `test`: the
+    user's own sets it was trained with, named by their source file), or the chapter's training
+    pairs and the pairs held out after them; ``note`` describes the chapter's held-out lines
+    (None otherwise). Each part's `Overlap` with the training part (`overlaps`)."""
+    if cfg.held_out or valid or test:
+        parts, _ = make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
+                              clean=cfg.clean, valid=valid, test=test)
+        names = [os.path.basename(h[2]["files"][0]) if h else name
+                 for name, h in (("valid", valid), ("test", test))]
+        return [(name, part, overlaps(part, parts.train))
+                for name, part in zip(names, parts[1:])], None
+    corpus = read_corpus(data)
+    train = read_pairs(corpus, cfg.num_examples)
+    held = heldout_nmt(src_vocab, tgt_vocab, cfg.num_examples, path=corpus)
+    shown = os.path.basename(corpus.origins[0].member or corpus.origins[0].files[0]) \
+        if corpus.origins else "the corpus"
     note = (f"held-out: lines {cfg.num_examples + 1}.. of {shown}: {len(held['unfiltered'][0])} "
-          f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
+            f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
             f"{len(held['in_vocab'][0])} with every token in the vocabularies")
     return [("training pairs", train, None)] + [
-        (name, Pairs(*held[key]), source_overlap(held[key][0], train.source))
+        (name, Pairs(*held[key]), overlaps(Pairs(*held[key]), train))
         for name, key in (("held-out, in vocabulary", "in_vocab_text"),
                           ("held-out, unfiltered", "unfiltered_text"))], note

@@ -12,31 +12,20 @@ import re
 from mxnet import np
 
 from .batches import ArrayBatches, load_array, shard
-from .sources import open_data
+from .corpus import plain_spaces, read_corpus
 
 RESERVED_TOKENS = ["<pad>", "<bos>", "<eos>"]
 
 
 def read_data_nmt(path=None):
-    """The raw text of ``fra-eng/fra.txt`` inside the zip: one ``english<TAB>french`` pair a line
-    (d2l). `path`: the zip (default `sources.default_data_path`), or any corpus `sources.open_data`
-    reads, in its direction (a `sources.DataSource`): ``source<TAB>target`` a line."""
-    return open_data(path).text()
+    """The raw text of a corpus, ``source<TAB>target`` a line (d2l's reads ``fra-eng/fra.txt``
+    inside the zip, English then French): `path` is what `corpus.read_corpus` reads (default
+    `sources.default_data_path`: fra-eng.zip), in its direction, or a read `corpus.Corpus`."""
+    return read_corpus(path).text()
 
 
-NO_BREAK_SPACES = ("\u202f", "\xa0")  # what d2l's `preprocess_nmt` makes plain spaces first
-
-
-def plain_spaces(text):
-    """Non-breaking spaces (`NO_BREAK_SPACES`: French ``Va\\u202f!``, ``\\xa0``) made plain
-    spaces, as d2l's `preprocess_nmt` does first."""
-    for char in NO_BREAK_SPACES:
-        text = text.replace(char, " ")
-    return text
-
-
-def fra_pairs(text, start=0, stop=None):
-    """The (english, french) strings of the lines ``start <= i < stop`` of fra.txt's text (all
+def tab_pairs(text, start=0, stop=None):
+    """The (source, target) strings of the lines ``start <= i < stop`` of a corpus's text (all
     after start if None) that hold exactly one tab: the lines d2l's `tokenize_nmt` keeps."""
     for i, line in enumerate(text.split("\n")):
         if stop is not None and i >= stop:
@@ -92,9 +81,9 @@ def tokenize_nmt(text, num_examples=None):
 def tokenize_nmt_lines(text, start=0, stop=None):
     """`tokenize_nmt` for the lines ``start <= i < stop`` of the text (all after start if None)."""
     source, target = [], []
-    for english, french in fra_pairs(text, start, stop):
-        source.append(english.split(" "))
-        target.append(french.split(" "))
+    for src, tgt in tab_pairs(text, start, stop):
+        source.append(src.split(" "))
+        target.append(tgt.split(" "))
     return source, target
 
 
@@ -227,7 +216,7 @@ def load_data_mt_fra_eng(batch_size, num_steps=9, num_train=512, num_val=128, pa
     """
     text = preprocess_nmt(read_data_nmt(path), punctuation("1.0"))
     sides = [[], []]
-    for pair in fra_pairs(text, 0, num_train + num_val + 1):
+    for pair in tab_pairs(text, 0, num_train + num_val + 1):
         for side, sentence in zip(sides, pair):
             side.append([t for t in f"{sentence} <eos>".split(" ") if t])
     arrays, vocabs = [], []

@@ -32,7 +32,8 @@ import numpy as onp
 
 from .batches import Ragged
 from .sources import language_name, progress
-from .text import NO_BREAK_SPACES, RESERVED_TOKENS, Vocab, preprocess_fast, punctuation, space_before
+from .corpus import NO_BREAK_SPACES
+from .text import RESERVED_TOKENS, Vocab, preprocess_fast, punctuation, space_before
 
 SPM_SRC, SPM_TGT = "spm_src.model", "spm_tgt.model"  # file names inside a model directory
 TOKENIZERS = ("word", "subword")

@@ -88,7 +88,7 @@ def translator_options(cfg, no_unk=False):
     the same translations, with less work; the one-hour model's published valid and test
     BLEU and chrF, greedy and beam 4, are unchanged to the last digit)."""
     return {"num_steps": cfg.num_steps, "no_unk": no_unk_for(cfg, no_unk),
-            "pad_to_num_steps": cfg.tokenizer != "subword"}
+            "pad_to_num_steps": cfg.tokenizer != "subword", "length_ratio": cfg.length_ratio}
 
 
 class MXNetEngine:
@@ -191,7 +191,8 @@ class CTranslate2Engine:
 
     def _limit(self, source_length):
         """The package's decode length limit (`limits.decode_limit`), as the `Translator`'s."""
-        return decode_limit(self.cfg.num_steps, source_length, self.max_positions)
+        return decode_limit(self.cfg.num_steps, source_length, self.max_positions,
+                            self.cfg.length_ratio)
 
     def translate(self, sentences, beam_size=1, alpha=ALPHA, *, n_best=None):
         """The same contract as `Translator.translate` (SentenceError naming the sentence for

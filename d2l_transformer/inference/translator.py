@@ -243,12 +243,14 @@ class Translator:
     """
 
     def __init__(self, model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
-                 batch_size=64, no_unk=False, suppress=True, pad_to_num_steps=True):
+                 batch_size=64, no_unk=False, suppress=True, pad_to_num_steps=True,
+                 length_ratio=1.0):
         require_corrected(model.decoder, "the translator")
         if batch_size < 1 or num_steps < 1 or (max_length is not None and max_length < 1):
             raise ValueError("batch_size, num_steps and max_length must be at least 1")
         self.model, self.src_vocab, self.tgt_vocab, self.ctx = model, src_vocab, tgt_vocab, ctx
         self.num_steps, self.max_length, self.batch_size = num_steps, max_length, batch_size
+        self.length_ratio = length_ratio
         self.min_width = num_steps if pad_to_num_steps else 1  # the narrowest source encoding
         self.max_source = model.encoder.pos_encoding.P.shape[1]
         self.max_target = model.decoder.pos_encoding.P.shape[1]
@@ -279,7 +281,7 @@ class Translator:
     def _limit(self, source_length):
         if self.max_length is not None:
             return self.max_length
-        return decode_limit(self.num_steps, source_length, self.max_target)
+        return decode_limit(self.num_steps, source_length, self.max_target, self.length_ratio)
 
     # ------------------------------------------------------------------------------ translating
     def translate(self, sentences, beam_size=1, alpha=ALPHA, *, early_stop=True, n_best=None):

@@ -10,7 +10,15 @@ from mxnet import init, nd
 
 from .. import _runtime, checkpoint
 from ..build import build_model
-from ..data import load_data, open_data, split_corpus
+from ..data import (
+    DataError,
+    fingerprint,
+    format_counts,
+    format_lengths,
+    load_data,
+    read_corpus,
+    read_heldout,
+)
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..io import lock
 from . import precision
@@ -68,7 +76,8 @@ def check_out_dir(out_dir, *, resume=False, overwrite=False):
 
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
                 data_path=None, checkpoint_every=1, progress=True, preset=None, log=None,
-                valid_every=None, patience=None, average_last=None, overwrite=False):
+                valid_every=None, patience=None, average_last=None, overwrite=False,
+                valid=None, test=None, init_from=None):
     """Train `cfg` from seed `seed` and return its summary (what summary.json holds).
 
     The one way a chapter run trains: seed everything with `seed`, load the data, build the
@@ -96,21 +105,29 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     directory is refused at once. ``progress``: a `ProgressBar` on stderr. ``log``: where the
     one-line status messages go (stderr).
 
-    Validation (`validation.Validator`, for a config with a valid part): every ``valid_every``
-    epochs (None: 1 when ``cfg.num_valid``, else never; 0: never) the valid loss and greedy
+    The data (`data.load_data`): ``data_path`` (one corpus, or a list of them), read once;
+    ``valid``, ``test``: the user's own dev and test sets, two files each (the sources, the
+    references), in place of the parts the split would hold out. ``init_from``: a model
+    directory to fine-tune (its parameters, vocabularies and tokenizer; `cfg` is its config
+    with what `config.FINETUNABLE` lets change): the run starts at epoch 1 with a new Adam.
+
+    Validation (`validation.Validator`, for a run with a valid part): every ``valid_every``
+    epochs (None: 1 when it has one, else never; 0: never) the valid loss and greedy
     BLEU of the first ``cfg.valid_sentences`` valid pairs, logged and kept in the summary's
-    ``validation`` list; the best by BLEU is saved as the model directory ``OUT/best``
-    (`checkpoint.save`); ``patience``: stop after that many validations without a better
-    BLEU. ``average_last`` = N: at the end, ``OUT/average`` holds the average of the last N
-    epochs' parameters (validated too, when validation is on). A warning when the warmup is
-    longer than the whole run (the learning rate would never reach ``cfg.lr``).
+    ``validation`` list, after the epoch's checkpoint is saved; the best by BLEU is saved as the
+    model directory ``OUT/best`` (`checkpoint.save`); ``patience``: stop after that many
+    validations without a better BLEU. ``average_last`` = N: at the end, ``OUT/average`` holds
+    the average of the last N epochs' parameters (validated too, when validation is on). A
+    warning when the warmup is longer than the whole run (the learning rate would never reach
+    ``cfg.lr``).
 
     Raises RunError or CheckpointError (one line) for a run that cannot start as asked.
     """
     run = _Run(cfg, out_dir, ctx, kvstore, seed=seed, fast=fast, resume=resume,
                overwrite=overwrite, log=log or sys.stderr, data_path=data_path,
                checkpoint_every=checkpoint_every, preset=preset, valid_every=valid_every,
-               patience=patience, average_last=average_last)
+               patience=patience, average_last=average_last, heldout=(valid, test),
+               init_from=init_from)
     with contextlib.ExitStack() as held:
         if run.writer:  # one writer per model directory, from before anything is written
             try:
@@ -120,7 +137,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
         set_seed(seed)
         run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
-        run.precision, run.work = precision.settle(cfg, len(run.tgt_vocab), run.ctxs,
+        run.precision, run.work = precision.settle(run.cfg, len(run.tgt_vocab), run.ctxs,
                                                    fast=run.fast, log=run.log)  # pinned or not
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
@@ -136,8 +153,12 @@ class _Run:
     (averaging, the translations, the last save). ``summary`` is what summary.json holds."""
 
     def __init__(self, cfg, out_dir, ctx, kvstore, *, seed, fast, resume, overwrite, log,
-                 data_path, checkpoint_every, preset, valid_every, patience, average_last):
+                 data_path, checkpoint_every, preset, valid_every, patience, average_last,
+                 heldout=(None, None), init_from=None):
         check_out_dir(out_dir, resume=resume, overwrite=overwrite)
+        if init_from and resume:
+            raise RunError("--resume continues the run in --out, --init-from starts a new one "
+                           "from a trained model: give one of them")
         self.cfg, self.out_dir, self.seed, self.resume, self.log = cfg, out_dir, seed, resume, log
         self.ctxs = ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
         self.fast = fast and not cfg.exact_chapter and traceable(cfg)  # exact: the book's loop
@@ -163,19 +184,56 @@ class _Run:
         self.valid_every, self.patience, self.average_last = valid_every, patience, average_last
         self.carry = resume  # OUT/best and OUT/average of a model this run replaces are not its own
         self.bar, self.work = None, None  # work: the run's (`_runtime.cpu_math.settle`)
+        self.heldout, self.init_from = heldout, init_from
 
     def prepare_data(self):
-        """The data (`load_data`), a warmup longer than the run warned of, ``valid_every``
-        settled and checked."""
+        """The data (`load_data`), read once: the corpus, the parts, the tokenizer (a resumed or
+        fine-tuned model's), what was dropped (said in two lines); `cfg` with the lengths the
+        data decided; a warmup longer than the run warned of; ``valid_every`` settled."""
+        cfg, origin = self.cfg, self.out_dir if self.resume else self.init_from
+        corpus, valid, test = self.read_data()
+        tokenizer = checkpoint.load_tokenizer(origin, cfg) if origin else None
+        self.data = load_data(cfg, self.batch_size, corpus, rank=self.rank,
+                              num_workers=self.num_workers, fast=self.fast, tokenizer=tokenizer,
+                              valid=valid, test=test)
+        self.src_vocab, self.tgt_vocab, self.train_iter, self.tokenizer = self.data[:4]
+        self.edition_valid = self.data.edition_valid
+        lengths = self.data.report.get("lengths")
+        self.cfg = cfg = cfg.replace(
+            source_lang=corpus.source_lang, target_lang=corpus.target_lang,
+            num_steps=lengths["limit"] if lengths else cfg.num_steps,
+            length_ratio=cfg.length_ratio or (lengths["length_ratio"] if lengths else 1.0))
+        self.say(format_counts(self.data.report["counts"]))
+        if lengths:
+            self.say(format_lengths(lengths["limit"], lengths["why"], lengths,
+                                    lengths["pairs"] + lengths["over_limit"] + lengths["bad_ratio"]))
+        self.check_schedule()
+
+    def read_data(self):
+        """``(corpus, valid, test)``: the corpus (`data.read_corpus`) and the user's own sets
+        (`data.read_heldout`); a resumed run's, as its directory records them, which other data
+        may not replace (RunError)."""
         cfg = self.cfg
-        self.data = checkpoint.trained_data(self.out_dir, self.data_path) if self.resume else \
-            open_data(self.data_path, cfg.source_lang, cfg.target_lang)
-        self.cfg = cfg = cfg.replace(source_lang=self.data.source_lang,
-                                     target_lang=self.data.target_lang)
-        tokenizer = checkpoint.load_tokenizer(self.out_dir, cfg) if self.resume else None
-        self.src_vocab, self.tgt_vocab, self.train_iter, self.tokenizer, self.edition_valid = \
-            load_data(cfg, self.batch_size, self.data, rank=self.rank,
-                      num_workers=self.num_workers, fast=self.fast, tokenizer=tokenizer)
+        if not self.resume:
+            valid, test = (read_heldout(files, cfg.source_lang, cfg.target_lang, what) if files
+                           else None for files, what in zip(self.heldout, ("--valid", "--test")))
+            return read_corpus(self.data_path, cfg.source_lang, cfg.target_lang), valid, test
+        recorded = checkpoint.trained_heldout(self.out_dir)
+        corpus = checkpoint.trained_data(self.out_dir)
+        given = read_corpus(self.data_path, *cfg.pair) if self.data_path else corpus
+        asked = [read_heldout(f, *cfg.pair, w) if f else recorded[k] for f, w, k in
+                 zip(self.heldout, ("--valid", "--test"), ("valid", "test"))]
+        if fingerprint(given.pairs()) != fingerprint(corpus.pairs()) or [
+                h and h[2]["sha256"] for h in asked] != [
+                recorded[k] and recorded[k][2]["sha256"] for k in ("valid", "test")]:
+            raise RunError(f"{self.out_dir} was trained on other data: --resume continues a run "
+                           "on its own data (train on new data with --init-from "
+                           f"{self.out_dir} and another --out)")
+        return corpus, recorded["valid"], recorded["test"]
+
+    def check_schedule(self):
+        """A warmup longer than the run warned of; ``valid_every`` and ``patience`` checked."""
+        cfg, has_valid = self.cfg, bool(self.data.parts and self.data.parts[0].source)
         updates = len(self.train_iter) * cfg.num_epochs
         if cfg.warmup_steps > updates:
             print(f"warning: warmup_steps {cfg.warmup_steps} is longer than the whole run "
@@ -183,44 +241,50 @@ class _Run:
                   f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
                   f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=self.log)
         if self.valid_every is None:
-            self.valid_every = 1 if cfg.num_valid and self.edition_valid is None else 0
+            self.valid_every = 1 if has_valid and self.edition_valid is None else 0
         if self.valid_every and self.edition_valid is not None:
             raise RunError("edition 1.0 validates as d2l 1.0 does (its loss every epoch): "
                            "--valid-every is not for it")
-        if self.valid_every and not cfg.num_valid:
+        if self.valid_every and not has_valid:
             raise RunError("--valid-every needs a valid part: this config has num_valid 0 (give "
-                           "e.g. --set num_valid=2000)")
+                           "e.g. --set num_valid=2000, or --valid SRC REF)")
         if self.patience is not None and not self.valid_every:
             raise RunError("--patience needs validation (--valid-every N, and a valid part)")
 
     def load_or_build_model(self):
         """The model, its trainer, the summary and the first epoch: a resumed run's from its
-        model directory, else a new model initialised as its edition does. False when the
-        resumed run has trained ``cfg.num_epochs`` epochs already (said on the log)."""
+        model directory, a fine-tuned one's parameters from ``init_from``, else a new model
+        initialised as its edition does. False when the resumed run has trained
+        ``cfg.num_epochs`` epochs already (said on the log)."""
         cfg, out_dir, ctxs = self.cfg, self.out_dir, self.ctxs
-        if not self.resume:
+        if self.resume or self.init_from:
+            self.model, saved_src, saved_tgt, _, summary = checkpoint.load(
+                out_dir if self.resume else self.init_from, ctxs)
+            if saved_src.idx_to_token != self.src_vocab.idx_to_token or \
+                    saved_tgt.idx_to_token != self.tgt_vocab.idx_to_token:
+                raise checkpoint.CheckpointError(f"{out_dir}: its vocabularies differ from the "
+                                                 "data's; was it trained on another dataset?")
+        else:
             self.model = build_model(cfg, len(self.src_vocab), len(self.tgt_vocab))
             if cfg.edition == "1.0":  # its encoder and decoder call initialize(): Uniform(0.07)
                 self.model.encoder.initialize(ctx=ctxs)
                 self.model.decoder.initialize(ctx=ctxs)
             else:
                 self.model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
-            self.trainer = config_trainer(self.model, cfg, self.kvstore)
-            self.summary = {"seed": self.seed, "preset": self.preset,
-                            "data": self.data.describe(self.data.pairs()),
+        self.trainer = config_trainer(self.model, cfg, self.kvstore)
+        if not self.resume:
+            self.summary = {"seed": self.seed, "preset": self.preset, "data": self.data_record(),
                             "exact_chapter": cfg.exact_chapter, "epoch_history": [],
                             "train_seconds": 0.0, "epochs_done": 0}
+            if self.init_from:
+                self.summary["init_from"] = {"model": os.path.abspath(self.init_from),
+                                             "data": summary.get("data"),
+                                             "epochs_done": summary.get("epochs_done")}
             self.start_epoch = 1
             return True
-        self.model, saved_src, saved_tgt, _, summary = checkpoint.load(out_dir, ctxs)
-        if saved_src.idx_to_token != self.src_vocab.idx_to_token or \
-                saved_tgt.idx_to_token != self.tgt_vocab.idx_to_token:
-            raise checkpoint.CheckpointError(f"{out_dir}: its vocabularies differ from the data's; "
-                                             "was it trained on another dataset?")
         if summary.get("seed") != self.seed:
             raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
                                              f"{summary.get('seed')}, not {self.seed}")
-        self.trainer = config_trainer(self.model, cfg, self.kvstore)
         checkpoint.load_trainer_states(out_dir, self.trainer)
         self.summary, self.start_epoch = summary, summary["epochs_done"] + 1
         if self.start_epoch > cfg.num_epochs:
@@ -229,15 +293,23 @@ class _Run:
             return False
         return True
 
+    def data_record(self):
+        """summary.json's ``data``: the corpora read (`data.Corpus.describe`), what was dropped,
+        the split and the valid and test parts (the user's files, or drawn from the corpus),
+        the lengths trained on."""
+        report = self.data.report
+        record = dict(self.data.corpus.describe(), counts=report["counts"])
+        for key in ("split", "valid", "test", "lengths"):
+            if key in report:
+                record[key] = report[key]
+        return record
+
     def set_up_validation(self):
         """The `Validator` (if validating), early stopping, the epochs kept for averaging."""
         cfg, summary = self.cfg, self.summary
         summary.update(fast=self.fast, precision=self.precision.record())  # what computed
-        self.validator = Validator(
-            self.model, split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test,
-                                     self.data, cfg.split_by).valid,
-            self.tokenizer, self.src_vocab, self.tgt_vocab, cfg,
-            self.ctxs[0]) if self.valid_every else None
+        self.validator = Validator(self.model, self.data.parts[0], self.tokenizer, self.src_vocab,
+                                   self.tgt_vocab, cfg, self.ctxs[0]) if self.valid_every else None
         self.stopping = EarlyStopping.from_state(self.patience, summary.get("best"))
         self.history = LastParameters(self.model, self.average_last) if self.average_last else None
         if self.validator is not None:
@@ -290,7 +362,8 @@ class _Run:
         summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
         if self.history is not None:
             self.history.add(epoch)
-        improved = False
+        if self.writer and (epoch % self.checkpoint_every == 0 or epoch == self.cfg.num_epochs):
+            self.save()  # before validating: what validation does cannot lose the epoch
         if self.validator is not None and epoch % self.valid_every == 0:
             record = dict(self.validator(), epoch=epoch,
                           train_seconds=round(summary["train_seconds"], 1))
@@ -298,11 +371,9 @@ class _Run:
             improved = self.stopping.update(epoch, record["valid_bleu"])
             summary["best"] = self.stopping.state()
             self.say(format_validation(epoch, record, improved))
-        if self.writer and (epoch % self.checkpoint_every == 0 or epoch == self.cfg.num_epochs
-                            or improved):
-            self.save()
-        if self.writer and improved:
-            self.save_sub("best", best_epoch=epoch)
+            if self.writer and improved:
+                self.save()  # the summary with its best, and OUT/best
+                self.save_sub("best", best_epoch=epoch)
         self.tic = time.time()
         if not self.stopping.should_stop:
             return False
@@ -327,7 +398,7 @@ class _Run:
         if self.rank == 0 and cfg.pair != ("en", "fr"):  # the book's sentences are English
             summary["translations"] = corpus_translations(self.model, self.src_vocab,
                                                           self.tgt_vocab, cfg, ctx, self.tokenizer,
-                                                          self.data.pairs()[0])
+                                                          self.data.corpus.sources)
         elif self.rank == 0 and cfg.edition == "0.11":
             summary["translations"] = book_translations(self.model, self.src_vocab,
                                                         self.tgt_vocab, cfg, ctx, self.tokenizer)

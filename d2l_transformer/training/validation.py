@@ -15,9 +15,9 @@ import numpy as onp
 from mxnet import np
 
 from .. import _gluon
-from ..data import build_array
 from ..evaluate import translate_and_score
 from ..inference.engines import MXNetEngine
+from ..inference.limits import source_positions
 from .averaging import average_arrays
 from .loss import MaskedSoftmaxCELoss
 
@@ -27,8 +27,10 @@ class Validator:
     ``{"valid_loss", "valid_bleu", "valid_chrf", "sentences", "seconds"}`` for the model as it
     is now. ``pairs``: the valid part (`data.Pairs` of text), of which the first
     ``cfg.valid_sentences`` are used. ``valid_loss`` is the cross-entropy per target token
-    (no label smoothing, dropout off) of those pairs cut at ``cfg.num_steps`` tokens as the
-    training batches are."""
+    (no label smoothing, dropout off) of those pairs, whole (`batches`: by length, each padded to
+    its longest; only a sentence beyond the model's positions, which it cannot encode, is cut
+    there), the BLEU that of their greedy translations (`evaluate.translate_and_score`: such a
+    sentence is translated as nothing)."""
 
     def __init__(self, model, pairs, tokenizer, src_vocab, tgt_vocab, cfg, ctx):
         n = cfg.valid_sentences
@@ -37,20 +39,32 @@ class Validator:
             raise ValueError("no valid pairs to validate on")
         self.model, self.tokenizer, self.cfg, self.ctx = model, tokenizer, cfg, ctx
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        src = [tokenizer.encode(s) for s in self.sources]
-        tgt = [tokenizer.encode_target(t) for t in self.references]
-        X, X_vlen = build_array(src, src_vocab, cfg.num_steps, True)  # (n, num_steps), (n,)
-        Y, Y_vlen = build_array(tgt, tgt_vocab, cfg.num_steps, False)  # <bos> ... <eos>
-        self.arrays = [a.asnumpy() if hasattr(a, "asnumpy") else onp.asarray(a)
-                       for a in (X, X_vlen, Y, Y_vlen)]  # on the host, cut into batches
+        limit = source_positions(model)
+        self.src = [src_vocab[tokenizer.encode(s)][:limit] for s in self.sources]
+        bos, eos = tgt_vocab["<bos>"], tgt_vocab["<eos>"]
+        self.tgt = [([bos] + tgt_vocab[tokenizer.encode_target(t)] + [eos])[:limit + 1]
+                    for t in self.references]  # <bos> ... <eos>: the decoder reads all but one
         self.loss = MaskedSoftmaxCELoss(reduction="token")  # summed over the real tokens
 
+    def batches(self):
+        """``(X, X_vlen, Y, Y_vlen)`` host arrays of at most ``cfg.batch_size`` pairs of
+        similar lengths, each padded to its longest."""
+        order = sorted(range(len(self.src)), key=lambda i: (len(self.tgt[i]), len(self.src[i])))
+        pads = self.src_vocab["<pad>"], self.tgt_vocab["<pad>"]
+        for start in range(0, len(order), self.cfg.batch_size):
+            rows = order[start:start + self.cfg.batch_size]
+            out = []
+            for seqs, pad in ((self.src, pads[0]), (self.tgt, pads[1])):
+                width = max(len(seqs[i]) for i in rows)
+                array = onp.full((len(rows), width), pad, dtype=onp.float32)  # (rows, width)
+                for r, i in enumerate(rows):
+                    array[r, :len(seqs[i])] = seqs[i]
+                out += [array, onp.array([len(seqs[i]) for i in rows], dtype=onp.float32)]
+            yield out
+
     def valid_loss(self):
-        """Cross-entropy per target token of the subset (`validation_loss`), in batches of
-        ``cfg.batch_size``."""
-        size = self.cfg.batch_size
-        batches = ([np.array(a[i:i + size], ctx=self.ctx) for a in self.arrays]
-                   for i in range(0, len(self.sources), size))
+        """Cross-entropy per target token of the subset (`validation_loss`)."""
+        batches = ([np.array(a, ctx=self.ctx) for a in batch] for batch in self.batches())
         return validation_loss(self.model, batches, self.loss, self.ctx)
 
     def __call__(self):

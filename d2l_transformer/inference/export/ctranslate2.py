@@ -73,11 +73,12 @@ def check(cfg, quantization):
 def decoding_options(cfg, longest, max_positions=None):
     """`ctranslate2.Translator.translate_batch` options that decode as the package's greedy
     `Translator` does, for a batch whose longest source has `longest` tokens (the package's
-    limit is per sentence, max(num_steps, length + 10), at most the model's `max_positions`:
+    limit is per sentence, `limits.decode_limit`, at most the model's `max_positions`:
     equal for a batch of sentences of one limit, and for any sentence that ends before the
     batch's limit)."""
     return {"beam_size": 1, "min_decoding_length": 0, "length_penalty": 0,
-            "max_decoding_length": decode_limit(cfg.num_steps, longest, max_positions),
+            "max_decoding_length": decode_limit(cfg.num_steps, longest, max_positions,
+                                                cfg.length_ratio),
             "max_input_length": 0, "suppress_sequences": [[t] for t in BANNED]}
 
 
@@ -216,10 +217,11 @@ def _manifest(source, quantization, ct2_version, tokenizer_files):
             "source": tokens["source"],  # the model's own tokenizer (`source.tokens_manifest`)
             "target": tokens["target"],
             "num_steps": cfg.num_steps,
-            **decoding_rules(),
+            **decoding_rules(cfg),
             "translate_batch": {k: v for k, v in decoding_options(cfg, 0).items()
                                 if k != "max_decoding_length"},
-            "max_decoding_length": limit_text(cfg.num_steps, "the longest source's tokens"),
+            "max_decoding_length": limit_text(cfg.num_steps, "the longest source's tokens",
+                                              cfg.length_ratio),
         },
     }
 
@@ -236,12 +238,12 @@ _OPTIONS = ("Greedy decoding with these options gives the package's `d2l-transfo
             "an NVIDIA GPU (CUDA 12): `ctranslate2.Translator(d, device=\"cuda\")`. manifest.json "
             "lists the sizes, the special tokens' ids and the SHA-256 of every file.")
 
-_SUBWORD = """import ctranslate2, os, sentencepiece as spm
+_SUBWORD = """import ctranslate2, math, os, sentencepiece as spm
 d = "{directory}"  # this directory
 src, tgt = (spm.SentencePieceProcessor(model_file=f"{{d}}/spm_{{s}}.model") for s in ("src", "tgt"))
 tokens = [src.encode(text, out_type=str) for text in {texts}]"""
 
-_WORD = """import ctranslate2, os, re
+_WORD = """import ctranslate2, math, os, re
 d = "{directory}"  # this directory
 def words(text):  # d2l {edition}'s preprocess_nmt, split on spaces{end_comment}
     text = text{plain}.lower()
@@ -288,7 +290,8 @@ def snippet(manifest, directory="."):
     options = ", ".join(f"{k}={v!r}" for k, v in decoding["translate_batch"].items())
     return head + "\n" + _TRANSLATE.format(
         options=options, decode=decode,
-        limit=limit_text(decoding["num_steps"], "max(map(len, tokens))"))
+        limit=limit_text(decoding["num_steps"], "max(map(len, tokens))",
+                         decoding.get("length_ratio", 1.0)))
 
 
 def readme(manifest, directory="."):
@@ -302,7 +305,9 @@ def readme(manifest, directory="."):
         dec_layers=m["decoder_layers"], hidden=m["hidden_size"], heads=m["num_heads"],
         src=m["source_vocab_size"], tgt=m["target_vocab_size"],
         unit="sentencepiece pieces" if subword else "words", source=manifest["tokens"]["source"])
-    options = _OPTIONS.format(limit=limit_text(manifest["decoding"]["num_steps"], "its length"))
+    decoding = manifest["decoding"]
+    options = _OPTIONS.format(limit=limit_text(decoding["num_steps"], "its length",
+                                               decoding.get("length_ratio", 1.0)))
     fill = functools.partial(textwrap.fill, width=95, break_on_hyphens=False)
     return (f"# A d2l_transformer model for CTranslate2\n\n{fill(intro)}\n\n```python\n"
             f"{snippet(manifest, directory)}\n```\n\n{fill(options)}\n")

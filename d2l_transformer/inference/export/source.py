@@ -74,17 +74,20 @@ def copy_file(src, dst):
     atomic.write_file(dst, write)
 
 
-def decoding_rules():
-    """The package's decoding rules as data for the manifests (`inference.limits`): a
-    translation has at most max(num_steps, source tokens + ``extra_length``) tokens and never
-    one of ``banned``."""
-    return {"extra_length": EXTRA_LENGTH, "banned": list(BANNED)}
+def decoding_rules(cfg):
+    """The package's decoding rules for a model of `cfg`, as data for the manifests
+    (`inference.limits`): a translation has at most max(num_steps, ceil(``length_ratio`` x
+    source tokens) + ``extra_length``) tokens and never one of ``banned``."""
+    return {"extra_length": EXTRA_LENGTH, "length_ratio": cfg.length_ratio or 1.0,
+            "banned": list(BANNED)}
 
 
-def limit_text(num_steps, length):
+def limit_text(num_steps, length, length_ratio=1.0):
     """`limits.decode_limit` written out for a source of `length` tokens (a phrase, or a Python
     expression: the CTranslate2 README's snippet evaluates it)."""
-    return f"max({num_steps}, {length} + {EXTRA_LENGTH})"
+    if (length_ratio or 1.0) == 1.0:
+        return f"max({num_steps}, {length} + {EXTRA_LENGTH})"
+    return f"max({num_steps}, math.ceil({length_ratio} * {length}) + {EXTRA_LENGTH})"
 
 
 def describe_words(rule):
