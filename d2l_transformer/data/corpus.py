@@ -64,10 +64,9 @@ class Corpus:
 
     def describe(self, pairs=None):
         """What summary.json's ``data`` records: the direction, each corpus read (its files,
-        columns, pairs and their SHA-256), the pairs in all and what reading dropped."""
+        columns, lines, pairs and their SHA-256), the pairs in all."""
         return {"source_lang": self.source_lang, "target_lang": self.target_lang,
-                "corpora": list(self.records), "pairs": len(self.sources),
-                "read": dict(self.counts)}
+                "corpora": list(self.records), "pairs": len(self.sources)}
 
 
 def read_corpus(data=None, source_lang=None, target_lang=None, columns=None):

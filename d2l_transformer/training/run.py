@@ -215,9 +215,10 @@ class _Run:
         may not replace (RunError)."""
         cfg = self.cfg
         if not self.resume:
-            valid, test = (read_heldout(files, cfg.source_lang, cfg.target_lang, what) if files
-                           else None for files, what in zip(self.heldout, ("--valid", "--test")))
-            return read_corpus(self.data_path, cfg.source_lang, cfg.target_lang), valid, test
+            corpus = read_corpus(self.data_path, cfg.source_lang, cfg.target_lang)
+            valid, test = (read_heldout(files, *corpus.columns, what) if files else None
+                           for files, what in zip(self.heldout, ("--valid", "--test")))
+            return corpus, valid, test
         recorded = checkpoint.trained_heldout(self.out_dir)
         corpus = checkpoint.trained_data(self.out_dir)
         given = read_corpus(self.data_path, *cfg.pair) if self.data_path else corpus
