@@ -17,10 +17,9 @@ class TransformerConfig:
     num_layers: int = 2
     dropout: float = 0.0
     batch_size: int = 64  # sentences a batch (at most, with batch_tokens)
-    # the chapter's: sentences cut or padded to num_steps tokens (9.5); with the held-out
-    # pipeline (`held_out`), the longest training pair: longer ones are dropped and
-    # counted, and 0 lets the training part's lengths decide (data.lengths; a run records the
-    # number it decided)
+    # the chapter's: sentences cut or padded to it (9.5); with the held-out pipeline
+    # (`held_out`), the longest training pair (longer ones dropped, counted); 0: the training
+    # part's lengths decide (data.lengths), and the run records the number
     num_steps: int = 10
     lr: float = 0.005
     num_epochs: int = 100
@@ -59,13 +58,11 @@ class TransformerConfig:
     # (data.split), or "source" sentences, or random "pair"s (how model directories written
     # before were split: they keep being evaluated on their own parts)
     split_by: str = "group"
-    # the held-out pipeline drops exact duplicate pairs, pairs with a side over 1,000 characters
-    # and misaligned ones, and counts them (data.corpus, data.lengths); False for model
-    # directories written before, whose parts were drawn from the pairs as read
+    # drop (and count) exact duplicates, sides over 1,000 characters, misaligned pairs (data.corpus,
+    # data.lengths); False for model directories written before, split from the pairs as read
     clean: bool = True
-    # a translation may have length_ratio x its source's tokens + 10 (inference.limits); 0: a
-    # training run sets it from its training part's lengths (data.lengths.length_ratio)
-    length_ratio: float = 0.0
+    # a translation's most tokens: length_ratio x its source's + 10 (inference.limits); 0: set by
+    length_ratio: float = 0.0  # the training run from its training part (data.lengths)
     # the languages, translated from source_lang to target_lang (codes: docs/data.md); None:
     # from the data's file names, the first column to the second (fra-eng.zip: en to fr)
     source_lang: Optional[str] = None
@@ -320,12 +317,13 @@ TINY = TransformerConfig(embedding_size=16, ffn_hidden_size=32, num_heads=2, num
                          batch_size=16, num_epochs=3, num_examples=200)
 # All ~167k pairs, valid and test held out by groups of sentences (data.split), the lengths from
 # the data, batches of at most 256 pairs and 7,680 padded tokens (256 of 30: the cut these
-# presets had). FULL: sentencepiece subwords, cased (docs/data.md), d 128, 15 epochs; FULL_WORD: the same on the chapter's
-# lower-cased words with min_freq 10, for comparison. Both take the paper's Adam (5.3: beta2
-# 0.98, epsilon 1e-9) and clip the mean loss's gradient per token (docs/evaluation.md, "Adam,
-# clipping and initialisation"). HOUR: the one-hour recipe of a 2-core CPU, FULL twice as wide,
-# chosen by valid BLEU at 60 minutes of training among the candidates of docs/evaluation.md,
-# "The one-hour recipe"; 4 epochs averaged over the last two (--average-last 2) is the 20-minute one
+# presets had). FULL: sentencepiece subwords, cased (docs/data.md), d 128, 15 epochs;
+# FULL_WORD: the same on the chapter's lower-cased words with min_freq 10, for comparison. Both
+# take the paper's Adam (5.3: beta2 0.98, epsilon 1e-9) and clip the mean loss's gradient per
+# token (docs/evaluation.md, "Adam, clipping and initialisation"). HOUR: the one-hour recipe of
+# a 2-core CPU, FULL twice as wide, chosen by valid BLEU at 60 minutes of training among the
+# candidates of docs/evaluation.md, "The one-hour recipe"; 4 epochs averaged over the last two
+# (--average-last 2) is the 20-minute one
 FULL_WORD = TransformerConfig(
     embedding_size=128, ffn_hidden_size=512, num_heads=4, num_layers=2, dropout=0.1,
     batch_size=256, num_steps=0, batch_tokens=7680, lr=0.002, num_epochs=15, num_examples=None,

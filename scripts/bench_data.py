@@ -5,8 +5,9 @@
 
 Writes OUT/big.en-fr.tsv: fra.txt's pairs, each copy numbered (``Go. 3`` / ``Va ! 3``), cut at
 ``--pairs``; then, in a child process, what ``d2l-transformer train --data OUT/big.en-fr.tsv
---preset P`` does before its first step: read and check the file, split it by source sentence,
-train the tokenizer (sentencepiece on a sample), encode, bucket, and cut the first batch. Prints
+--preset P`` does before its first step: read and check the file, clean it, split it by groups
+of sentences, train the tokenizer (sentencepiece on a sample), encode, keep the pairs within the
+lengths, bucket, and cut the first batch. Prints
 (and writes OUT/bench_data.json) the seconds of each stage and the child's peak RSS
 (``getrusage``'s ``ru_maxrss`` of the finished child). docs/data.md has the figures.
 """
@@ -34,8 +35,8 @@ def get_parser():
 def write_corpus(path, pairs):
     """fra.txt's pairs repeated, copy k with `` k`` after each side, `pairs` lines."""
     sys.path.insert(0, ROOT)
-    from d2l_transformer.data import open_data
-    sources, targets = open_data().pairs()
+    from d2l_transformer.data import read_corpus
+    sources, targets = read_corpus().pairs()
     written = 0
     with open(path, "w", encoding="utf-8") as f:
         for k in range(pairs // len(sources) + 1):
@@ -51,14 +52,14 @@ def child(path, preset):
     sys.path.insert(0, ROOT)
     tic = time.time()
     from d2l_transformer.config import PRESETS  # the package first: its step before MXNet loads
-    from d2l_transformer.data import load_data, open_data
+    from d2l_transformer.data import load_data
     stages = {"import": time.time() - tic}
     import mxnet as mx
     cfg = PRESETS[preset]
     tic = time.time()
-    data = open_data(path, cfg.source_lang, cfg.target_lang)
-    src_vocab, tgt_vocab, train_iter, tokenizer, _ = load_data(cfg, cfg.batch_size, data)
-    stages["data (read, split, tokenizer, encode, buckets)"] = time.time() - tic
+    data = load_data(cfg, cfg.batch_size, path)
+    src_vocab, tgt_vocab, train_iter = data.src_vocab, data.tgt_vocab, data.train_iter
+    stages["data (read, clean, split, tokenizer, encode, lengths, buckets)"] = time.time() - tic
     tic = time.time()
     X, X_len, Y, Y_len = next(iter(train_iter))
     mx.nd.waitall()

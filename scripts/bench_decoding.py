@@ -81,8 +81,7 @@ def translation_setup(s):
 
     import d2l_transformer as d2t
     from d2l_transformer import checkpoint
-    from d2l_transformer.data import load_data
-    from d2l_transformer.data.split import split_corpus
+    from d2l_transformer.data import load_data, split_corpus
     model_dir = os.environ.get(MODEL_ENV)
     translation_setup.model_dir = model_dir
     if model_dir:  # --model DIR: a trained model, its own split and tokenizer
@@ -91,11 +90,13 @@ def translation_setup(s):
     else:
         cfg = s["full_cfg"]
         d2t.set_seed(0)
-        src_vocab, tgt_vocab, _, tokenizer, _ = load_data(cfg, cfg.batch_size)
+        data = load_data(cfg, cfg.batch_size)
+        src_vocab, tgt_vocab, tokenizer = data.src_vocab, data.tgt_vocab, data.tokenizer
         d2t.set_seed(0)
         model = d2t.build_model(cfg, len(src_vocab), len(tgt_vocab))
         model.initialize(init.Xavier(), ctx=mx.cpu())
-    _, _, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, by=cfg.split_by)
+    _, _, test = split_corpus(cfg.num_examples, cfg.num_valid, cfg.num_test, by=cfg.split_by,
+                              clean=cfg.clean)
     translation_setup.tokenizer = tokenizer  # (i) saves the model directory with it
     return model, src_vocab, tgt_vocab, cfg, [tokenizer.encode(t) for t in test.source]
 

@@ -56,7 +56,7 @@ def _full_slice(s, cache_dir):
         with open(path, "rb") as f:
             return pickle.load(f)
     d2t.set_seed(0)
-    src_vocab, tgt_vocab, it, _, _ = load_data(cfg, cfg.batch_size)
+    src_vocab, tgt_vocab, it = load_data(cfg, cfg.batch_size)[:3]
     batches = [[a.asnumpy() for a in batch] for _, batch in zip(range(s["full_batches"]), it)]
     out = (len(src_vocab), len(tgt_vocab), batches)
     with open(path + ".tmp", "wb") as f:

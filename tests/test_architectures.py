@@ -81,6 +81,7 @@ def test_seq2seq_threads_follow_the_output_layer(preset, threads, monkeypatch):
     from d2l_transformer.training.loop import train_s2s_ch8
 
     cfg = preset_config(preset, "0.11", "seq2seq").replace(num_layers=1)
+    cfg = cfg.replace(num_steps=cfg.num_steps or 30)  # full's: what its data decides, say 30
     vocab = 201 if preset == "chapter" else 4000
     works = []
     monkeypatch.setattr(_threads, "size_for", works.append)

@@ -13,7 +13,8 @@ import pytest
 from d2l_transformer import checkpoint
 from d2l_transformer.cli import commands as cli
 from d2l_transformer.data import DataError, format_counts, open_data, read_corpus, read_data_nmt
-from d2l_transformer.data.sources import COMPRESSED, choose_direction, language_code
+from d2l_transformer.data.languages import choose_direction, language_code
+from d2l_transformer.data.sources import COMPRESSED
 from d2l_transformer.data.tokenize import character_coverage, spm_sample, words_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

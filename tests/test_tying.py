@@ -21,8 +21,7 @@ from mxnet.gluon import nn
 
 import d2l_transformer as d2t
 from d2l_transformer import checkpoint, cli, kernels
-from d2l_transformer.data import heldout_nmt
-from d2l_transformer.data import load_data_split, split_corpus
+from d2l_transformer.data import heldout_nmt, load_data_split, split_corpus
 from d2l_transformer.data.tokenize import SubwordTokenizer
 from d2l_transformer.inference.export import export
 from d2l_transformer.training import steps

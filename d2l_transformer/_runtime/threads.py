@@ -55,9 +55,9 @@ def is_big(work):
 
 def run_work(cfg, tgt_size):
     """The work of a training run of `cfg` with `tgt_size` target tokens: its output layer's
-    multiply-adds per batch, rows (``batch_size`` x ``num_steps``) x ``output_width`` x
-    `tgt_size`."""
-    return cfg.batch_size * cfg.num_steps * cfg.output_width * tgt_size
+    multiply-adds per batch, rows x ``output_width`` x `tgt_size`, the rows a batch's tokens at
+    most: ``batch_tokens`` where it bounds them, else ``batch_size`` x ``num_steps``."""
+    return (cfg.batch_tokens or cfg.batch_size * cfg.num_steps) * cfg.output_width * tgt_size
 
 
 def physical_cores():

@@ -60,8 +60,6 @@ def _add_train(sub, commands):
                    help="the chapter's transformer, or the 2019 book's earlier models: 8.14's "
                         "LSTM seq2seq, 9.2's seq2seq with attention (docs/exercises.md)")
     t.add_argument("--epochs", type=int, default=None, help="default: the preset's")
-    t.add_argument("--max-pairs", type=int, default=None,
-                   help="use only the first N pairs of the data (of --data, or of fra-eng.zip)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--ctx", default="auto",
                    help="auto, cpu, cpu:N, gpu, gpu:N, or a list: gpu:0,gpu:1 (data parallel)")
@@ -84,6 +82,28 @@ def _add_train(sub, commands):
                             "directory that is not a model directory never is)")
     t.add_argument("--exact-chapter", action="store_true",
                    help="the book's three bugs (trains on the chapter's imperative loop)")
+    _train_data_options(t)
+    t.add_argument("--config", metavar="FILE", default=None,
+                   help="a JSON object of config fields on top of the preset, e.g. "
+                        '{"lr": 0.001, "num_layers": 3} (see docs/usage.md)')
+    t.add_argument("--set", metavar="FIELD=VALUE", action="append", default=None,
+                   help="one config field on top of the preset and --config, e.g. --set "
+                        "warmup_steps=200 --set dropout=0.2 (repeatable)")
+    t.add_argument("--valid-every", type=int, default=None, metavar="N",
+                   help="validate every N epochs: valid loss and greedy BLEU on the first "
+                        "valid_sentences valid pairs, the best kept in OUT/best (default 1 "
+                        "for presets with a valid part; 0: never)")
+    t.add_argument("--patience", type=int, default=None, metavar="K",
+                   help="stop after K validations without a better valid BLEU")
+    t.add_argument("--average-last", type=int, default=None, metavar="N",
+                   help="also write OUT/average: the average of the last N epochs' parameters")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=commands["train"])
+
+
+def _train_data_options(t):
+    """``train``'s options of what it reads: the corpora, the languages, the user's own sets, a
+    model to fine-tune."""
     _data_option(t, "train on: a Tatoeba zip (xxx-eng.zip), a TSV file (source<TAB>target), or "
                     "two aligned files, one sentence a line, each may be .gz, .xz or .bz2 "
                     "(default: the shipped fra-eng.zip; docs/data.md)")
@@ -103,22 +123,8 @@ def _add_train(sub, commands):
                         "(default: the first column's)")
     t.add_argument("--target-lang", default=None, metavar="CODE",
                    help="the language to translate into (default: the other one)")
-    t.add_argument("--config", metavar="FILE", default=None,
-                   help="a JSON object of config fields on top of the preset, e.g. "
-                        '{"lr": 0.001, "num_layers": 3} (see docs/usage.md)')
-    t.add_argument("--set", metavar="FIELD=VALUE", action="append", default=None,
-                   help="one config field on top of the preset and --config, e.g. --set "
-                        "warmup_steps=200 --set dropout=0.2 (repeatable)")
-    t.add_argument("--valid-every", type=int, default=None, metavar="N",
-                   help="validate every N epochs: valid loss and greedy BLEU on the first "
-                        "valid_sentences valid pairs, the best kept in OUT/best (default 1 "
-                        "for presets with a valid part; 0: never)")
-    t.add_argument("--patience", type=int, default=None, metavar="K",
-                   help="stop after K validations without a better valid BLEU")
-    t.add_argument("--average-last", type=int, default=None, metavar="N",
-                   help="also write OUT/average: the average of the last N epochs' parameters")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.set_defaults(func=commands["train"])
+    t.add_argument("--max-pairs", type=int, default=None,
+                   help="use only the first N pairs of the data (of --data, or of fra-eng.zip)")
 
 
 def _add_translate_and_evaluate(sub, commands):

@@ -14,6 +14,7 @@ from .corpus import (
     read_corpus,
     read_heldout,
 )
+from .languages import language_code, language_name
 from .lengths import format_lengths, keep_pairs, length_limit, length_ratio
 from .pipeline import Data, SplitData, load_data, load_data_split, make_tokenizer
 from .sources import (
@@ -22,7 +23,6 @@ from .sources import (
     DataSource,
     default_data_path,
     fingerprint,
-    language_name,
     open_corpora,
     open_data,
     read_lines,

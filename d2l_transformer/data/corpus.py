@@ -16,7 +16,7 @@ import dataclasses
 import os
 from typing import Dict, List, Tuple
 
-from .sources import DataError, fingerprint, open_corpora, read_lines
+from .sources import DataError, fingerprint, open_corpora, open_data, read_lines
 
 MAX_CHARS = 1000  # characters a sentence may have: the translator's limit, and the corpus's
 NO_BREAK_SPACES = ("\u202f", "\xa0")  # what d2l's `preprocess_nmt` makes plain spaces first
@@ -77,7 +77,6 @@ def read_corpus(data=None, source_lang=None, target_lang=None, columns=None):
     recorded (one corpus). DataError, one line, naming the file, when a corpus holds no pair."""
     if isinstance(data, Corpus):
         return data
-    from .sources import open_data
     origins = [open_data(data, source_lang, target_lang, columns)] if columns else \
         open_corpora(data, source_lang, target_lang)
     sources, targets, records, counts = [], [], [], {"lines": 0, "empty": 0}

@@ -31,8 +31,9 @@ import re
 import numpy as onp
 
 from .batches import Ragged
-from .sources import language_name, progress
 from .corpus import NO_BREAK_SPACES
+from .languages import language_name
+from .sources import progress
 from .text import RESERVED_TOKENS, Vocab, preprocess_fast, punctuation, space_before
 
 SPM_SRC, SPM_TGT = "spm_src.model", "spm_tgt.model"  # file names inside a model directory

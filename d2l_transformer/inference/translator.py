@@ -234,8 +234,10 @@ class Translator:
     """Batched greedy and beam-search translation of token lists, and attention weights.
 
     `num_steps`: the narrowest source encoding (``pad_to_num_steps=False``: each batch's
-    longest source, as CTranslate2 pads; the same tokens, less work); `max_length`: the most
-    tokens of a translation (None: `limits.decode_limit` per sentence); `batch_size` sentences
+    longest source, as CTranslate2 pads; the same tokens, less work), and the fewest tokens a
+    translation may reach (0: a config whose training had yet to decide it); `max_length`: the
+    most tokens of a translation (None: `limits.decode_limit` per sentence, with the model's
+    `length_ratio`); `batch_size` sentences
     are decoded together. The graphs (source side, step, attention pass) are built once per
     model and device type and hybridized alone (the model's blocks are left as they are).
     Corrected model only (`limits.require_corrected`; the chapter's loop is
@@ -246,12 +248,12 @@ class Translator:
                  batch_size=64, no_unk=False, suppress=True, pad_to_num_steps=True,
                  length_ratio=1.0):
         require_corrected(model.decoder, "the translator")
-        if batch_size < 1 or num_steps < 1 or (max_length is not None and max_length < 1):
-            raise ValueError("batch_size, num_steps and max_length must be at least 1")
+        if batch_size < 1 or num_steps < 0 or (max_length is not None and max_length < 1):
+            raise ValueError("batch_size and max_length must be at least 1, num_steps at least 0")
         self.model, self.src_vocab, self.tgt_vocab, self.ctx = model, src_vocab, tgt_vocab, ctx
         self.num_steps, self.max_length, self.batch_size = num_steps, max_length, batch_size
         self.length_ratio = length_ratio
-        self.min_width = num_steps if pad_to_num_steps else 1  # the narrowest source encoding
+        self.min_width = max(1, num_steps if pad_to_num_steps else 1)  # the narrowest encoding
         self.max_source = model.encoder.pos_encoding.P.shape[1]
         self.max_target = model.decoder.pos_encoding.P.shape[1]
         if max_length is not None and max_length > self.max_target:

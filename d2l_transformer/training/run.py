@@ -10,18 +10,10 @@ from mxnet import init, nd
 
 from .. import _runtime, checkpoint
 from ..build import build_model
-from ..data import (
-    DataError,
-    fingerprint,
-    format_counts,
-    format_lengths,
-    load_data,
-    read_corpus,
-    read_heldout,
-)
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
 from ..io import lock
 from . import precision
+from .inputs import data_record, load_inputs
 from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
@@ -88,41 +80,35 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     `precision.settle`'s precision; the chapter's imperative loop runs with ``fast=False`` and
     always in exact mode (``cfg.exact_chapter``). The summary ends with its four translations.
 
-    Exact mode is the chapter's own seeded run, epoch for epoch: epoch 1 is not reseeded, so
-    the deferred Xavier initialisation at its first batch draws from MXNet's stream seeded
-    once with `seed`, as in the chapter's code seeded before its training cell (from epoch 2
-    on, MXNet's stream feeds only dropout, which the chapter sets to 0; reseeding there keeps
-    ``resume`` exact for any dropout). Same per-epoch loss bit for bit and the same
-    translations as scripts/chapter_oracle.py on the same machine (tests/test_exact_run.py).
+    Exact mode is the chapter's own seeded run, epoch for epoch: epoch 1 is not reseeded (the
+    deferred Xavier initialisation draws from MXNet's stream seeded once with `seed`, as the
+    chapter's code; later epochs are, so that ``resume`` is exact for any dropout). Same
+    per-epoch loss bit for bit and the same translations as scripts/chapter_oracle.py on the
+    same machine (tests/test_exact_run.py).
 
     ``ctx``: a context or a list (data parallel). ``kvstore``: a name or a dist kvstore
     (`create_kvstore`); with several workers only rank 0 writes and translates. ``out_dir``:
     the model directory, saved every ``checkpoint_every`` epochs and at the end (None: not
-    saved); ``resume``: continue the run saved there; ``overwrite``: replace the model saved
-    there (without either, an existing model directory is refused: `check_out_dir`, which also
-    refuses any directory that is not a model directory). While the run trains ``out_dir`` it
-    holds its lock (`io.lock`, taken before anything is written): a second run into the same
-    directory is refused at once. ``progress``: a `ProgressBar` on stderr. ``log``: where the
+    saved), locked while the run trains (`io.lock`); ``resume``: continue the run saved there;
+    ``overwrite``: replace the model saved there (without either, an existing model directory
+    is refused: `check_out_dir`). ``progress``: a `ProgressBar` on stderr. ``log``: where the
     one-line status messages go (stderr).
 
-    The data (`data.load_data`): ``data_path`` (one corpus, or a list of them), read once;
+    The data (`inputs.load_inputs`): ``data_path`` (one corpus, or a list of them), read once;
     ``valid``, ``test``: the user's own dev and test sets, two files each (the sources, the
-    references), in place of the parts the split would hold out. ``init_from``: a model
-    directory to fine-tune (its parameters, vocabularies and tokenizer; `cfg` is its config
-    with what `config.FINETUNABLE` lets change): the run starts at epoch 1 with a new Adam.
+    references), in place of the split's parts. ``init_from``: a model directory to fine-tune
+    (its parameters, vocabularies and tokenizer; `cfg` is its config with what
+    `config.FINETUNABLE` lets change), from epoch 1 with a new Adam.
 
     Validation (`validation.Validator`, for a run with a valid part): every ``valid_every``
-    epochs (None: 1 when it has one, else never; 0: never) the valid loss and greedy
-    BLEU of the first ``cfg.valid_sentences`` valid pairs, logged and kept in the summary's
-    ``validation`` list, after the epoch's checkpoint is saved; the best by BLEU is saved as the
-    model directory ``OUT/best`` (`checkpoint.save`); ``patience``: stop after that many
-    validations without a better BLEU. ``average_last`` = N: at the end, ``OUT/average`` holds
-    the average of the last N epochs' parameters (validated too, when validation is on). A
-    warning when the warmup is longer than the whole run (the learning rate would never reach
-    ``cfg.lr``).
+    epochs (None: 1 when it has one; 0: never), after the epoch's checkpoint is saved, the
+    valid loss and greedy BLEU of the first ``cfg.valid_sentences`` valid pairs, kept in the
+    summary's ``validation``; the best by BLEU is saved as ``OUT/best``; ``patience``: stop
+    after that many validations without a better BLEU. ``average_last`` = N: ``OUT/average``
+    holds the average of the last N epochs' parameters (validated too).
 
-    Raises RunError or CheckpointError (one line) for a run that cannot start as asked.
-    """
+    Raises RunError, DataError or CheckpointError (one line) for a run that cannot start as
+    asked."""
     run = _Run(cfg, out_dir, ctx, kvstore, seed=seed, fast=fast, resume=resume,
                overwrite=overwrite, log=log or sys.stderr, data_path=data_path,
                checkpoint_every=checkpoint_every, preset=preset, valid_every=valid_every,
@@ -187,63 +173,37 @@ class _Run:
         self.heldout, self.init_from = heldout, init_from
 
     def prepare_data(self):
-        """The data (`load_data`), read once: the corpus, the parts, the tokenizer (a resumed or
-        fine-tuned model's), what was dropped (said in two lines); `cfg` with the lengths the
-        data decided; a warmup longer than the run warned of; ``valid_every`` settled."""
-        cfg, origin = self.cfg, self.out_dir if self.resume else self.init_from
-        corpus, valid, test = self.read_data()
-        tokenizer = checkpoint.load_tokenizer(origin, cfg) if origin else None
-        self.data = load_data(cfg, self.batch_size, corpus, rank=self.rank,
-                              num_workers=self.num_workers, fast=self.fast, tokenizer=tokenizer,
-                              valid=valid, test=test)
+        """The data, read once (`inputs.load_inputs`: a resumed or fine-tuned model's tokenizer,
+        what was dropped said in two lines), `cfg` with the lengths the data decided;
+        ``valid_every`` settled before, a warmup longer than the run warned of after."""
+        self.check_validation()  # before reading: a run that cannot validate writes nothing
+        self.data, self.cfg = load_inputs(
+            self.cfg, self.batch_size, self.data_path, self.heldout,
+            resume_dir=self.out_dir if self.resume else None, init_from=self.init_from,
+            rank=self.rank, num_workers=self.num_workers, fast=self.fast, say=self.say)
         self.src_vocab, self.tgt_vocab, self.train_iter, self.tokenizer = self.data[:4]
         self.edition_valid = self.data.edition_valid
-        lengths = self.data.report.get("lengths")
-        self.cfg = cfg = cfg.replace(
-            source_lang=corpus.source_lang, target_lang=corpus.target_lang,
-            num_steps=lengths["limit"] if lengths else cfg.num_steps,
-            length_ratio=cfg.length_ratio or (lengths["length_ratio"] if lengths else 1.0))
-        self.say(format_counts(self.data.report["counts"]))
-        if lengths:
-            self.say(format_lengths(lengths["limit"], lengths["why"], lengths,
-                                    lengths["pairs"] + lengths["over_limit"] + lengths["bad_ratio"]))
         self.check_schedule()
 
-    def read_data(self):
-        """``(corpus, valid, test)``: the corpus (`data.read_corpus`) and the user's own sets
-        (`data.read_heldout`); a resumed run's, as its directory records them, which other data
-        may not replace (RunError)."""
-        cfg = self.cfg
-        if not self.resume:
-            corpus = read_corpus(self.data_path, cfg.source_lang, cfg.target_lang)
-            valid, test = (read_heldout(files, *corpus.columns, what) if files else None
-                           for files, what in zip(self.heldout, ("--valid", "--test")))
-            return corpus, valid, test
-        recorded = checkpoint.trained_heldout(self.out_dir)
-        corpus = checkpoint.trained_data(self.out_dir)
-        given = read_corpus(self.data_path, *cfg.pair) if self.data_path else corpus
-        asked = [read_heldout(f, *cfg.pair, w) if f else recorded[k] for f, w, k in
-                 zip(self.heldout, ("--valid", "--test"), ("valid", "test"))]
-        if fingerprint(given.pairs()) != fingerprint(corpus.pairs()) or [
-                h and h[2]["sha256"] for h in asked] != [
-                recorded[k] and recorded[k][2]["sha256"] for k in ("valid", "test")]:
-            raise RunError(f"{self.out_dir} was trained on other data: --resume continues a run "
-                           "on its own data (train on new data with --init-from "
-                           f"{self.out_dir} and another --out)")
-        return corpus, recorded["valid"], recorded["test"]
-
-    def check_schedule(self):
-        """A warmup longer than the run warned of; ``valid_every`` and ``patience`` checked."""
-        cfg, has_valid = self.cfg, bool(self.data.parts and self.data.parts[0].source)
-        updates = len(self.train_iter) * cfg.num_epochs
+    def check_schedule(self):  # a warmup longer than the run warned of
+        cfg, updates = self.cfg, len(self.train_iter) * self.cfg.num_epochs
         if cfg.warmup_steps > updates:
             print(f"warning: warmup_steps {cfg.warmup_steps} is longer than the whole run "
                   f"({len(self.train_iter)} batches x {cfg.num_epochs} epochs = {updates} updates): the "
                   f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
                   f"warmup_steps={max(1, updates // 4)}, or more --epochs or data", file=self.log)
+
+    def check_validation(self):
+        """``valid_every`` settled (1 with a valid part: the split's, or the user's), and
+        checked with ``patience``, before anything is read."""
+        cfg, recorded = self.cfg, {}
+        if self.resume:
+            recorded = checkpoint.load_summary(self.out_dir).get("data") or {}
+        has_valid = cfg.edition != "1.0" and bool(cfg.num_valid or self.heldout[0] or (
+            recorded.get("valid") or {}).get("files"))
         if self.valid_every is None:
-            self.valid_every = 1 if has_valid and self.edition_valid is None else 0
-        if self.valid_every and self.edition_valid is not None:
+            self.valid_every = 1 if has_valid else 0
+        if self.valid_every and cfg.edition == "1.0" and cfg.num_valid:
             raise RunError("edition 1.0 validates as d2l 1.0 does (its loss every epoch): "
                            "--valid-every is not for it")
         if self.valid_every and not has_valid:
@@ -274,7 +234,7 @@ class _Run:
                 self.model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
         self.trainer = config_trainer(self.model, cfg, self.kvstore)
         if not self.resume:
-            self.summary = {"seed": self.seed, "preset": self.preset, "data": self.data_record(),
+            self.summary = {"seed": self.seed, "preset": self.preset, "data": data_record(self.data),
                             "exact_chapter": cfg.exact_chapter, "epoch_history": [],
                             "train_seconds": 0.0, "epochs_done": 0}
             if self.init_from:
@@ -293,17 +253,6 @@ class _Run:
                   "give a larger --epochs to train on", file=self.log)
             return False
         return True
-
-    def data_record(self):
-        """summary.json's ``data``: the corpora read (`data.Corpus.describe`), what was dropped,
-        the split and the valid and test parts (the user's files, or drawn from the corpus),
-        the lengths trained on."""
-        report = self.data.report
-        record = dict(self.data.corpus.describe(), counts=report["counts"])
-        for key in ("split", "valid", "test", "lengths"):
-            if key in report:
-                record[key] = report[key]
-        return record
 
     def set_up_validation(self):
         """The `Validator` (if validating), early stopping, the epochs kept for averaging."""

@@ -13,7 +13,7 @@ import html
 import json
 import os
 
-from ..data.sources import language_name
+from ..data.languages import language_name
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static", "explorer.html")
 _SLOT = '<script id="data" type="application/json">null</script>'

@@ -33,7 +33,7 @@ import textwrap
 
 import numpy as onp
 
-from ...data.sources import language_name
+from ...data.languages import language_name
 from ...io import atomic
 from ...io.manifest import MANIFEST
 from ...variants import FixNormEmbedding

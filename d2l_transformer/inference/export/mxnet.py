@@ -155,8 +155,8 @@ def _manifest(source, num_layers, hidden):
                          else "no <eos> appended"),
             "num_steps": cfg.num_steps,
             **decoding_rules(cfg),
-            "max_length": f"at most {limit_text(cfg.num_steps, 'source length', cfg.length_ratio)} tokens, the "
-                          "package's default; never one of banned",
+            "max_length": f"at most {limit_text(cfg.num_steps, 'source length', cfg.length_ratio)} "
+                          "tokens, the package's default; never one of banned",
             "step": "position t (0 = <bos>): feed the token at t, read log_probs of the token "
                     "at t + 1; the self caches come back updated (shifted by one, the new "
                     "position first) and are fed to the next step; the encoder caches are "

@@ -1,0 +1,73 @@
+"""What a training run reads, once: its corpus or corpora and the user's own dev and test sets
+(a resumed run's own, which other data may not replace), through the pipeline its config
+chooses (`data.load_data`), with the tokenizer a resumed or fine-tuned model keeps; the lines
+that say what was read and dropped; and summary.json's record of it."""
+
+from .. import checkpoint
+from ..data import (
+    DataError,
+    fingerprint,
+    format_counts,
+    format_lengths,
+    load_data,
+    read_corpus,
+    read_heldout,
+)
+
+PARTS = ("valid", "test")
+
+
+def read_inputs(cfg, data_path, heldout, resume_dir=None):
+    """``(corpus, valid, test)``: the corpus (`data.read_corpus`) and the user's own sets
+    (`data.read_heldout`; `heldout`: their two files each, or None); a resumed run's
+    (`resume_dir`) as its directory records them: other data given is a one-line DataError."""
+    if not resume_dir:
+        corpus = read_corpus(data_path, cfg.source_lang, cfg.target_lang)
+        valid, test = (read_heldout(files, *corpus.columns, f"--{part}") if files else None
+                       for files, part in zip(heldout, PARTS))
+        return corpus, valid, test
+    recorded = checkpoint.trained_heldout(resume_dir)
+    corpus = checkpoint.trained_data(resume_dir)
+    given = read_corpus(data_path, *cfg.pair) if data_path else corpus
+    asked = [read_heldout(files, *cfg.pair, f"--{part}") if files else recorded[part]
+             for files, part in zip(heldout, PARTS)]
+    if fingerprint(given.pairs()) != fingerprint(corpus.pairs()) or \
+            [h and h[2]["sha256"] for h in asked] != [recorded[p] and recorded[p][2]["sha256"]
+                                                      for p in PARTS]:
+        raise DataError(f"{resume_dir} was trained on other data: --resume continues a run on "
+                        f"its own data (train on new data with --init-from {resume_dir} and "
+                        "another --out)")
+    return corpus, recorded["valid"], recorded["test"]
+
+
+def load_inputs(cfg, batch_size, data_path, heldout, *, resume_dir=None, init_from=None, rank=0,
+                num_workers=1, fast=False, say=print):
+    """``(data, cfg)``: the run's `data.Data` (`read_inputs`, then `data.load_data` with the
+    tokenizer of the model resumed or fine-tuned), and `cfg` with what the data decided (its
+    languages, ``num_steps``: the longest pair trained on, ``length_ratio``). Says (`say`) in
+    a line what was read and dropped, and in another the lengths."""
+    origin = resume_dir or init_from
+    corpus, valid, test = read_inputs(cfg, data_path, heldout, resume_dir)
+    tokenizer = checkpoint.load_tokenizer(origin, cfg) if origin else None
+    data = load_data(cfg, batch_size, corpus, rank=rank, num_workers=num_workers, fast=fast,
+                     tokenizer=tokenizer, valid=valid, test=test)
+    lengths = data.report.get("lengths")
+    cfg = cfg.replace(source_lang=corpus.source_lang, target_lang=corpus.target_lang,
+                      num_steps=lengths["limit"] if lengths else cfg.num_steps,
+                      length_ratio=cfg.length_ratio or (lengths["length_ratio"] if lengths else 1.0))
+    say(format_counts(data.report["counts"]))
+    if lengths:
+        before = lengths["pairs"] + lengths["over_limit"] + lengths["bad_ratio"]
+        say(format_lengths(lengths["limit"], lengths["why"], lengths, before))
+    return data, cfg
+
+
+def data_record(data):
+    """summary.json's ``data``: the corpora read (`data.Corpus.describe`), what was dropped, the
+    split, the valid and test parts (the user's files, or drawn from the corpus), the lengths
+    trained on."""
+    report = data.report
+    record = dict(data.corpus.describe(), counts=report["counts"])
+    record.update({key: report[key] for key in ("split", "valid", "test", "lengths")
+                   if key in report})
+    return record
