@@ -333,9 +333,11 @@ def load_tokenizer(directory, cfg=None):
     def read(d):
         try:
             tok = _load_tokenizer(d.real, cfg or d.config())
-        except TokenizerError as e:
-            raise CheckpointError(f"model directory {d.shown}: "
-                                  f"{str(e).replace(d.real, d.shown)}") from None
+        except TokenizerError as e:  # "DIR has no spm_src.model", or what is wrong with a file
+            what = str(e)
+            what = what[len(d.real):] if what.startswith(d.real) else f": {what}"
+            raise CheckpointError(f"model directory {d.shown}{what.replace(d.real, d.shown)}") \
+                from None
         if tok.kind == "subword":
             for name, vocab in ((SRC_VOCAB, tok.src_vocab()), (TGT_VOCAB, tok.tgt_vocab())):
                 if d.read_json(name).get("idx_to_token") != vocab.idx_to_token:

@@ -200,7 +200,7 @@ def test_a_huge_line_is_dropped_and_said(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------ whole runs
-TINY_LONG = ["--preset", "tiny", "--set", "tokenizer=subword", "--set", "vocab_size=120",
+TINY_LONG = ["--preset", "tiny", "--set", "tokenizer=subword", "--set", "vocab_size=400",
              "--set", "num_steps=0", "--set", "num_examples=null", "--set", "num_buckets=4",
              "--set", "batch_tokens=1024", "--set", "min_freq=0", "--ctx", "cpu", "--quiet"]
 
@@ -235,6 +235,7 @@ def test_a_long_corpus_trains_on_gz_with_own_sets_and_its_translations_end(tmp_p
     assert [s["name"] for s in report["sets"]] == ["dev.en", "test.en"]
     assert report["sets"][1]["scored"] == 30  # every line
     refs = [p[1] for p in long_pairs(30, 3, 20, 60)]
+    capsys.readouterr()
     assert cli.main(["translate", "--model", out, "--ctx", "cpu",
                      *[p[0] for p in long_pairs(30, 3, 20, 60)][:10]]) == 0
     outputs = capsys.readouterr().out.splitlines()
@@ -264,3 +265,39 @@ def test_init_from_fine_tunes_and_resume_refuses_other_data(tmp_path, capsys):
     assert cli.main(["train", "--init-from", base, "--data", *second, "--set", "vocab_size=50",
                      "--ctx", "cpu", "--out", str(tmp_path / "no")]) == 2
     assert "cannot change vocab_size" in capsys.readouterr().err
+
+
+def test_subwords_on_a_preset_without_held_out_parts_train_and_load(tmp_path, capsys):
+    """``--set tokenizer=subword`` on the chapter's tiny preset goes through the held-out
+    pipeline (its sentencepiece models are trained and kept), and the model translates; a
+    model directory without them says so once."""
+    out = str(tmp_path / "m")
+    assert cli.main(["train", "--preset", "tiny", "--set", "tokenizer=subword", "--set",
+                     "vocab_size=400", "--set", "min_freq=0", "--set", "num_steps=0",
+                     "--epochs", "1", "--ctx", "cpu", "--quiet", "--out", out]) == 0
+    assert checkpoint.load_config(out).tokenizer == "subword"
+    capsys.readouterr()
+    assert cli.main(["translate", "--model", out, "--ctx", "cpu", "Go."]) == 0
+    os.remove(os.path.join(out, "current", "spm_src.model"))
+    assert cli.main(["translate", "--model", out, "--ctx", "cpu", "Go."]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: model directory {out}: spm_src.model is missing\n"  # once
+
+
+def test_messages_name_what_is_missing(tmp_path, capsys):
+    model = str(tmp_path / "m")
+    assert cli.main(["train", "--preset", "tiny", "--epochs", "1", "--ctx", "cpu", "--quiet",
+                     "--out", model]) == 0
+    ref = write(tmp_path / "ref.fr", ["Va !"])
+    capsys.readouterr()
+    assert cli.main(["evaluate", "--model", model, "--src", str(tmp_path / "missing.txt"),
+                     "--ref", ref]) == 2
+    err = capsys.readouterr().err
+    assert "missing.txt not found" in err and "D2L_TRANSFORMER_DATA" not in err
+    long = write(tmp_path / "long.en", ["Go. " * 600, "Hi."])
+    refs = write(tmp_path / "long.fr", ["Va !", "Salut !"])
+    assert cli.main(["evaluate", "--model", model, "--src", long, "--ref", refs, "--json",
+                     str(tmp_path / "e.json")]) == 0  # 1,200 words: over the positions
+    out = capsys.readouterr().out
+    assert "1 of its sources are longer than the model's positions" in out
+    assert json.load(open(tmp_path / "e.json"))["sets"][0]["scored"] == 2

@@ -236,7 +236,12 @@ def _train_unigram(sentences, vocab_size):
             unk_id=0, pad_id=1, bos_id=2, eos_id=3, unk_piece="<unk>", pad_piece="<pad>",
             bos_piece="<bos>", eos_piece="<eos>", num_threads=1, minloglevel=2,
             hard_vocab_limit=False)  # a small corpus gets fewer pieces, not an error
-    except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
+    except RuntimeError as e:  # e.g. a vocabulary smaller than the text's characters
+        small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
+        if small:
+            raise TokenizerError(f"vocab_size {small.group(1)} is too small for this text: its "
+                                 f"characters and the 256 byte pieces need {small.group(2)} "
+                                 "(give a larger --set vocab_size)") from None
         raise TokenizerError(f"sentencepiece training failed: {str(e).splitlines()[0]}") from None
     return buffer.getvalue()
 
@@ -252,5 +257,5 @@ def load_tokenizer(model_dir, cfg):
     paths = [os.path.join(model_dir, name) for name in (SPM_SRC, SPM_TGT)]
     for path in paths:
         if not os.path.exists(path):
-            raise TokenizerError(f"model directory {model_dir} has no {os.path.basename(path)}")
+            raise TokenizerError(f"{model_dir} has no {os.path.basename(path)}")
     return SubwordTokenizer(*paths)
