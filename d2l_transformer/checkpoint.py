@@ -274,16 +274,20 @@ def trained_heldout(directory):
     return out
 
 
-def _load(d, ctxs):
-    d.verify()
-    cfg = d.config()
+def _vocabs(d):
+    """``(src_vocab, tgt_vocab)`` of a resolved model directory `d` (`_Dir`)."""
     try:
-        src_vocab = Vocab.from_dict(d.read_json(SRC_VOCAB))
-        tgt_vocab = Vocab.from_dict(d.read_json(TGT_VOCAB))
+        return tuple(Vocab.from_dict(d.read_json(name)) for name in (SRC_VOCAB, TGT_VOCAB))
     except (TypeError, KeyError, ValueError) as e:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"model directory {d.shown}: {e}") from None
+
+
+def _load(d, ctxs):
+    d.verify()
+    cfg = d.config()
+    src_vocab, tgt_vocab = _vocabs(d)
     _check_joint(cfg, src_vocab, tgt_vocab, d.shown)
     summary = d.read_json(SUMMARY)
     _cpu_math.settle(cfg, len(tgt_vocab))  # oneDNN's instruction set, before the first kernel
@@ -325,6 +329,11 @@ def load(directory, ctx=None):
     """
     ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx or mx.cpu()]
     return _retrying(lambda d: _load(d, ctxs), directory)
+
+
+def load_vocabs(directory):
+    """``(src_vocab, tgt_vocab)`` of the model in `directory` (CheckpointError if unreadable)."""
+    return _retrying(_vocabs, directory)
 
 
 def load_tokenizer(directory, cfg=None):

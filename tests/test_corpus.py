@@ -301,3 +301,18 @@ def test_messages_name_what_is_missing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 of its sources are longer than the model's positions" in out
     assert json.load(open(tmp_path / "e.json"))["sets"][0]["scored"] == 2
+
+
+def test_a_word_model_fine_tunes_with_its_own_vocabularies(tmp_path):
+    """The chapter's tiny word model, fine-tuned on other pairs of fra.txt: its vocabularies
+    (words of the new data it never saw are <unk>), the held-out pipeline's batches."""
+    base, tuned = str(tmp_path / "base"), str(tmp_path / "tuned")
+    assert cli.main(["train", "--preset", "tiny", "--epochs", "1", "--ctx", "cpu", "--quiet",
+                     "--out", base]) == 0
+    later = write(tmp_path / "later.en-fr.tsv", [
+        "\t".join(p) for p in zip(*[side[3000:3400] for side in read_corpus().pairs()])])
+    assert cli.main(["train", "--init-from", base, "--data", later, "--epochs", "1", "--ctx",
+                     "cpu", "--quiet", "--out", tuned]) == 0
+    for name in ("src_vocab.json", "tgt_vocab.json"):
+        assert open(os.path.join(base, name)).read() == open(os.path.join(tuned, name)).read()
+    assert _summary(tuned)["data"]["pairs"] == 400

@@ -23,14 +23,16 @@ Data = collections.namedtuple("Data", ["src_vocab", "tgt_vocab", "train_iter", "
 
 
 def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=False,
-              tokenizer=None, valid=None, test=None):
+              tokenizer=None, vocabs=None, valid=None, test=None):
     """The `Data` a run of `cfg` trains on: ``src_vocab``, ``tgt_vocab``, ``train_iter``,
     ``tokenizer``, ``edition_valid`` (d2l 1.0's validation batches, else None), the `Corpus`
     read, the held-out ``parts`` (`split.Split`, None for the chapter's pipeline) and the
     ``report`` of what was read, cleaned, held out and dropped (summary.json's ``data``).
     ``data_path``: what `corpus.read_corpus` reads, in `cfg`'s direction. ``tokenizer``: the
     one a resumed or fine-tuned run was trained with (else `cfg`'s, a subword one trained on
-    the training part). ``valid``, ``test``: the user's own sets (`corpus.read_heldout`)."""
+    the training part), ``vocabs`` its ``(src_vocab, tgt_vocab)`` (a fine-tuned run goes through
+    the held-out pipeline with them). ``valid``, ``test``: the user's own sets
+    (`corpus.read_heldout`)."""
     corpus = read_corpus(data_path, cfg.source_lang, cfg.target_lang)
     report = {"counts": dict(corpus.counts)}
     if cfg.tokenizer == "word":  # the chapter's words are what lies between spaces: DataError
@@ -44,13 +46,13 @@ def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=Fa
             batch_size, cfg.num_steps, cfg.num_examples, cfg.num_valid, corpus, fast_loader=fast)
         return Data(src_vocab, tgt_vocab, train_iter, WordTokenizer("1.0"), valid_iter, corpus,
                     None, report)
-    if cfg.held_out or valid or test:
+    if cfg.held_out or valid or test or vocabs:
         data = load_data_split(
             batch_size, cfg.num_steps, cfg.num_examples, cfg.min_freq, cfg.num_valid,
             cfg.num_test, cfg.num_buckets, corpus, rank=rank, num_workers=num_workers,
             tokenizer=tokenizer or cfg.tokenizer, vocab_size=cfg.vocab_size, split_by=cfg.split_by,
             joint_vocab=cfg.tie_embeddings == "all", batch_tokens=cfg.batch_tokens,
-            clean=cfg.clean, valid=valid, test=test)
+            clean=cfg.clean, valid=valid, test=test, vocabs=vocabs)
         return Data(data.src_vocab, data.tgt_vocab, data.train_iter, data.tokenizer, None,
                     corpus, (data.valid, data.test), data.report)
     src_vocab, tgt_vocab, train_iter = load_data_nmt(
@@ -74,16 +76,17 @@ def make_tokenizer(kind, train, vocab_size, joint=False):
     raise TokenizerError(f"unknown tokenizer {kind!r}: use one of {', '.join(TOKENIZERS)}")
 
 
-def _encode(tok, train, min_freq):
+def _encode(tok, train, min_freq, vocabs=None):
     """``(source ids, target ids, src_vocab, tgt_vocab)`` of the training `Pairs`: subwords
-    straight from sentencepiece (`Ragged`), or words whose vocabularies keep `min_freq`."""
+    straight from sentencepiece (`Ragged`), or words whose vocabularies keep `min_freq` (or are
+    `vocabs`, a trained model's)."""
     if tok.kind == "subword":
         return (tok.encode_ids(train.source), tok.encode_ids(train.target, True), tok.src_vocab(),
                 tok.tgt_vocab())
     source = [tok.encode(s) for s in train.source]
     target = [tok.encode_target(t) for t in train.target]
-    src_vocab = Vocab(source, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
-    tgt_vocab = Vocab(target, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+    src_vocab, tgt_vocab = vocabs or [Vocab(side, min_freq=min_freq, reserved_tokens=RESERVED_TOKENS)
+                                      for side in (source, target)]
     return (Ragged.of([src_vocab[s] for s in source]), Ragged.of([tgt_vocab[t] for t in target]),
             src_vocab, tgt_vocab)
 
@@ -91,14 +94,14 @@ def _encode(tok, train, min_freq):
 def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
                     num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1,
                     tokenizer="word", vocab_size=0, split_by="group", joint_vocab=False,
-                    batch_tokens=0, clean=True, valid=None, test=None):
+                    batch_tokens=0, clean=True, valid=None, test=None, vocabs=None):
     """The held-out pipeline: a `SplitData` ``(src_vocab, tgt_vocab, train_iter, valid, test,
     tokenizer, report)``; valid and test are `Pairs` of text (`split.make_parts`).
 
     ``tokenizer``: "word" (d2l's lower-cased words, vocabularies of the training part with
     `min_freq`), "subword" (sentencepiece models of `vocab_size` pieces trained on the training
     part; the vocabularies are its pieces), or a tokenizer object (one loaded from a model
-    directory, to resume or fine-tune). The training pairs longer than `num_steps` (0: the
+    directory, to resume or fine-tune, with its word ``vocabs``). The training pairs longer than `num_steps` (0: the
     limit of `lengths.length_limit`) or misaligned (`lengths.keep_pairs`, with `clean`) are
     dropped and counted in ``report["lengths"]``, with the limit and the translations' length
     ratio (`lengths.length_ratio`). ``num_buckets > 0``: `BucketBatches` (``batch_tokens``:
@@ -109,7 +112,7 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
                                valid=valid, test=test)
     tok = (make_tokenizer(tokenizer, parts.train, vocab_size, joint_vocab)
            if isinstance(tokenizer, str) else tokenizer)
-    src_ids, tgt_ids, src_vocab, tgt_vocab = _encode(tok, parts.train, min_freq)
+    src_ids, tgt_ids, src_vocab, tgt_vocab = _encode(tok, parts.train, min_freq, vocabs)
     limit, why = length_limit(src_ids.lengths, tgt_ids.lengths, num_steps)
     keep, counts = keep_pairs(src_ids.lengths, tgt_ids.lengths, limit, ratio=clean)
     src_ids, tgt_ids = src_ids.take(keep), tgt_ids.take(keep)

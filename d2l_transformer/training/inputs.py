@@ -49,8 +49,9 @@ def load_inputs(cfg, batch_size, data_path, heldout, *, resume_dir=None, init_fr
     origin = resume_dir or init_from
     corpus, valid, test = read_inputs(cfg, data_path, heldout, resume_dir)
     tokenizer = checkpoint.load_tokenizer(origin, cfg) if origin else None
+    vocabs = checkpoint.load_vocabs(init_from) if init_from else None
     data = load_data(cfg, batch_size, corpus, rank=rank, num_workers=num_workers, fast=fast,
-                     tokenizer=tokenizer, valid=valid, test=test)
+                     tokenizer=tokenizer, vocabs=vocabs, valid=valid, test=test)
     lengths = data.report.get("lengths")
     cfg = cfg.replace(source_lang=corpus.source_lang, target_lang=corpus.target_lang,
                       num_steps=lengths["limit"] if lengths else cfg.num_steps,
