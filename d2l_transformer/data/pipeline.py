@@ -101,13 +101,13 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
     ``tokenizer``: "word" (d2l's lower-cased words, vocabularies of the training part with
     `min_freq`), "subword" (sentencepiece models of `vocab_size` pieces trained on the training
     part; the vocabularies are its pieces), or a tokenizer object (one loaded from a model
-    directory, to resume or fine-tune, with its word ``vocabs``). The training pairs longer
-    than `num_steps` (0: the limit of `lengths.length_limit`) or misaligned
-    (`lengths.keep_pairs`, with `clean`) are dropped and counted in ``report["lengths"]``, with the limit and the translations' length
-    ratio (`lengths.length_ratio`). ``num_buckets > 0``: `BucketBatches` (``batch_tokens``:
-    at most that many padded tokens a batch), whose list of batches is sharded between
-    ``num_workers`` workers; else arrays padded to the limit, whose pairs are sharded
-    (`shard`). ``joint_vocab``: a new subword tokenizer is one model of both languages."""
+    directory, to resume or fine-tune, with its word ``vocabs``). The training pairs longer than
+    `num_steps` (0: the limit of `lengths.length_limit`) or misaligned (`lengths.keep_pairs`,
+    with `clean`) are dropped and counted in ``report["lengths"]``, with the limit and the
+    translations' length ratio (`lengths.length_ratio`). ``num_buckets > 0``: `BucketBatches`
+    (``batch_tokens``: at most that many padded tokens a batch), whose list of batches is
+    sharded between ``num_workers`` workers; else arrays padded to the limit, whose pairs are
+    sharded (`shard`). ``joint_vocab``: a new subword tokenizer is one model of both languages."""
     parts, report = make_parts(path, num_examples, num_valid, num_test, split_by, clean=clean,
                                valid=valid, test=test)
     tok = (make_tokenizer(tokenizer, parts.train, vocab_size, joint_vocab)
