@@ -120,8 +120,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
         set_seed(seed)
         run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
-        run.precision, run.work = precision.settle(cfg, len(run.tgt_vocab), run.ctxs,
-                                                   fast=run.fast, log=run.log)  # pinned or not
+        run.precision, run.work = precision.settle(  # pinned or not; auto: measured
+            cfg, len(run.tgt_vocab), run.ctxs, fast=run.fast, log=run.log,
+            src_size=len(run.src_vocab), batches=run.train_iter, seed=seed)
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
         run.set_up_validation()
