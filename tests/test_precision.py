@@ -237,6 +237,47 @@ def test_a_run_gives_the_same_numbers_whether_it_measured_or_recalled(tmp_path, 
         assert len(measured) == 1 and str(tmp_path / "measured.json") in measured[0]
 
 
+LOGITS = """
+import json, d2l_transformer as d2t, mxnet as mx, numpy as onp
+from mxnet import init
+from d2l_transformer.training import fused, precision
+cfg = d2t.TINY.replace(precision="bfloat16")
+precision.settle(cfg, 50, mx.cpu())  # before the first kernel
+model = d2t.build_model(cfg, 50, 50)
+model.initialize(init.Xavier())
+X = mx.np.array(onp.random.RandomState(0).randint(4, 50, (4, 6)), dtype="float32")
+valid = mx.np.array([6, 5, 4, 3], dtype="float32")
+model(X, X, valid)
+class Logits(mx.gluon.HybridBlock):  # the training graph up to the loss
+    def __init__(self, model):
+        super().__init__()
+        self.encoder, self.decoder = model.encoder, model.decoder
+    def hybrid_forward(self, F, X, valid):
+        return self.decoder(X, self.decoder.init_state(self.encoder(X, valid), valid))[0]
+graph = Logits(model)
+graph.hybridize()
+out = {}
+for name in ("float32", "bfloat16"):
+    with d2t.kernels.fused(mx.cpu()):
+        logits = fused.FastGraph(graph, name)(X, valid).asnumpy()
+    out[name] = [str(logits.dtype), int(((logits.view(onp.uint32) & 0xFFFF) != 0).sum())]
+print(json.dumps(out))
+"""
+
+
+@needs_units
+def test_in_bfloat16_the_logits_reach_the_loss_with_8_bit_mantissas():
+    """oneDNN accumulates in float32 but hands back bfloat16: the output layer's logits are
+    float32 numbers whose low 16 bits are all zero (bfloat16's mantissa), as bfloat16.py says;
+    in float32 they are not."""
+    r = subprocess.run([sys.executable, "-c", LOGITS], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["bfloat16"] == ["float32", 0]  # no logit has a bit below bfloat16's mantissa
+    assert out["float32"][0] == "float32" and out["float32"][1] > 100
+
+
 def _cli(*args, timeout=600):
     r = subprocess.run([sys.executable, "-m", "d2l_transformer", *args], capture_output=True,
                        text=True, timeout=timeout, cwd=ROOT)
