@@ -51,7 +51,7 @@ def synthetic_batch(shape, src_size, tgt_size, seed=0):
     return tuple(mx.np.array(a, dtype="float32") for a in (X, X_len, Y, Y_len))
 
 
-def _step(cfg, src_size, tgt_size, precision):
+def training_step(cfg, src_size, tgt_size, precision):
     """The fast path's training step (`steps._fast_step`) of a new model of `cfg`."""
     model = build_model(cfg, src_size, tgt_size)
     model.initialize(init.Xavier(), ctx=mx.cpu())
@@ -59,7 +59,7 @@ def _step(cfg, src_size, tgt_size, precision):
     return _fast_step(model, config_trainer(model, cfg), loss, cfg.clip_per_token, precision)
 
 
-def _timed(step, batch):
+def timed(step, batch):
     """Seconds of one step on `batch`, its update included (waits for every operator)."""
     X, X_len, Y, Y_len = batch
     tic = time.perf_counter()
@@ -73,14 +73,14 @@ def time_steps(cfg, src_size, tgt_size, shape, precisions=("float32", "bfloat16"
     steps of a model of `cfg` per precision, on one synthetic batch of `shape`
     (`synthetic_batch`), the precisions in alternating order, on this process's threads."""
     batch = synthetic_batch(shape, src_size, tgt_size)
-    steps = {name: _step(cfg, src_size, tgt_size, name) for name in precisions}
+    steps = {name: training_step(cfg, src_size, tgt_size, name) for name in precisions}
     for _ in range(WARMUP):
         for step in steps.values():
-            _timed(step, batch)
+            timed(step, batch)
     seconds = {name: [] for name in precisions}
     for r in range(ROUNDS):
         for name in precisions if r % 2 == 0 else precisions[::-1]:
-            seconds[name].append(_timed(steps[name], batch))
+            seconds[name].append(timed(steps[name], batch))
     return seconds
 
 
