@@ -188,6 +188,21 @@ def test_a_bfloat16_step_is_close_to_the_float32_step_and_keeps_float32_state():
     assert max(abs(a - b) for a, b in zip(f32["weight"], bf16["weight"])) < 1e-3
 
 
+def test_auto_measures_one_process_on_one_device_only(monkeypatch):
+    """Several workers or devices would each measure, and might choose apart: float32, said
+    in the record (nothing measured)."""
+    from d2l_transformer.training import probe
+    monkeypatch.setattr(precision, "units", lambda flags=None: ("avx512_bf16",))
+    monkeypatch.setattr(precision, "_bfloat16_runs", lambda: True)
+    monkeypatch.setattr(probe, "time_steps", lambda *args: pytest.fail("measured"))
+    for kwargs in ({"workers": 2}, {"ctxs": [mx.cpu(0), mx.cpu(1)]}):
+        ctxs = kwargs.pop("ctxs", mx.cpu())
+        chosen, _ = precision.settle(d2t.FULL, 4000, ctxs, **kwargs)
+        assert chosen.record() == {"precision": "float32", "asked": "auto", "why": (
+            "auto measures a run of one process on one device (each worker would measure, and "
+            "might choose, apart): give --set precision=bfloat16 to compute in bfloat16")}
+
+
 RUNS = """
 import io, json, random, sys
 import d2l_transformer as d2t, mxnet as mx, numpy as onp

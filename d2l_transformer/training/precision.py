@@ -81,7 +81,7 @@ def choose(cfg, tgt_size, ctxs, *, fast=True, flags=None):
     asked = cfg.precision
     if asked == "float32":
         return Precision("float32", asked, "asked for")
-    ctxs = ctxs if isinstance(ctxs, (list, tuple)) else [ctxs]
+    ctxs = _as_list(ctxs)
     found = units(flags)
     if not fast or cfg.exact_chapter or not traceable(cfg):
         why = "the imperative path (exact runs, the seq2seq models, --imperative) is float32"
@@ -99,6 +99,10 @@ def choose(cfg, tgt_size, ctxs, *, fast=True, flags=None):
     return Precision("float32", asked, why)
 
 
+def _as_list(ctxs):
+    return list(ctxs) if isinstance(ctxs, (list, tuple)) else [ctxs]
+
+
 def decide(medians, margin=MARGIN):
     """``(precision, why)`` from the median seconds of a training step in each precision
     (``{"float32": s, "bfloat16": s}``): bfloat16 when float32's time is more than ``1 +
@@ -111,15 +115,17 @@ def decide(medians, margin=MARGIN):
                        f"{speed:.2f}x as fast in bfloat16, not over the {margin:.0%} margin")
 
 
-def settle(cfg, tgt_size, ctxs, *, fast=True, log=None, src_size=None, batches=None, seed=0):
+def settle(cfg, tgt_size, ctxs, *, fast=True, log=None, src_size=None, batches=None, seed=0,
+           workers=1):
     """A run's precision, once, before its first kernel: `choose`'s, then oneDNN's instruction
     set for it (`cpu_math.settle`); float32 after all where this process's oneDNN computes no
     bfloat16 product (`_bfloat16_runs`, `cpu_math.amx_refused`); for ``auto`` on a
     machine-bound run, the faster by measurement (`measure`: `src_size` source tokens, default
     `tgt_size`; `batches`, the run's, for their largest shape; `seed`, the run's, to which
-    MXNet's stream is reseeded after the probe). Its one line (`Precision.notice`, or what was
-    measured) on `log` (a stream) when there is one. Returns ``(the Precision, the run's
-    work)`` (`cpu_math.settle`'s)."""
+    MXNet's stream is reseeded after the probe); float32 for a run of several `workers` or
+    devices, which would each measure on their own and might choose apart. Its one line
+    (`Precision.notice`, or what was measured) on `log` (a stream) when there is one. Returns
+    ``(the Precision, the run's work)`` (`cpu_math.settle`'s)."""
     chosen = choose(cfg, tgt_size, ctxs, fast=fast)
     work = cpu_math.settle(cfg, tgt_size, bfloat16=chosen.bfloat16)
     if chosen.bfloat16:
@@ -128,6 +134,10 @@ def settle(cfg, tgt_size, ctxs, *, fast=True, log=None, src_size=None, batches=N
             "run's first kernel)"))
         if blocked:
             chosen = Precision("float32", chosen.asked, blocked)
+        elif chosen.asked == "auto" and (workers > 1 or len(_as_list(ctxs)) > 1):
+            chosen = Precision("float32", "auto", "auto measures a run of one process on one "
+                               "device (each worker would measure, and might choose, apart): "
+                               "give --set precision=bfloat16 to compute in bfloat16")
         elif chosen.asked == "auto":
             chosen = measure(cfg, src_size or tgt_size, tgt_size, work,
                              probe.largest_shape(cfg, batches), seed, log)

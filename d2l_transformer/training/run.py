@@ -122,7 +122,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
         run.precision, run.work = precision.settle(  # pinned or not; auto: measured
             cfg, len(run.tgt_vocab), run.ctxs, fast=run.fast, log=run.log,
-            src_size=len(run.src_vocab), batches=run.train_iter, seed=seed)
+            src_size=len(run.src_vocab), batches=run.train_iter, seed=seed,
+            workers=run.num_workers)
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
         run.set_up_validation()
