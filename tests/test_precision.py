@@ -203,6 +203,23 @@ def test_auto_measures_one_process_on_one_device_only(monkeypatch):
             "might choose, apart): give --set precision=bfloat16 to compute in bfloat16")}
 
 
+def test_a_measurement_that_fails_leaves_float32_and_says_why(monkeypatch, tmp_path):
+    """The probe's step raising (MXNet's error, memory): the run computes float32, the record
+    and the one line say why, and nothing is cached."""
+    from d2l_transformer.training import probe
+    monkeypatch.setenv("D2L_TRANSFORMER_CACHE", str(tmp_path))
+
+    def time_steps(*args):
+        raise mx.base.MXNetError("bfloat16 FullyConnected: out of memory\nStack trace: ...")
+    monkeypatch.setattr(probe, "time_steps", time_steps)
+    log = io.StringIO()
+    chosen = precision.measure(d2t.FULL, 4000, 4000, 1 << 30, (256, 30, 30), seed=0, log=log)
+    why = "auto could not time bfloat16 against float32 here (bfloat16 FullyConnected: out of memory)"
+    assert chosen.record() == {"precision": "float32", "asked": "auto", "why": why}
+    assert log.getvalue() == f"precision auto: float32 runs: {why}\n"
+    assert not (tmp_path / "measured.json").exists()
+
+
 RUNS = """
 import io, json, random, sys
 import d2l_transformer as d2t, mxnet as mx, numpy as onp

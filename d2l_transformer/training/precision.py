@@ -163,14 +163,15 @@ def measure(cfg, src_size, tgt_size, work, shape, seed, log=None):
         line = _line(precision, figures, shape, f"measured before, cached in {measured.path()}")
         figures, cached = {p: figures[p] for p in PRECISIONS}, True
     else:
-        streams, tic = rng_state(), time.perf_counter()
+        tic = time.perf_counter()
         try:
-            threads.size_for(work)
-            figures = probe.medians(probe.time_steps(cfg, src_size, tgt_size, shape, PRECISIONS))
-        finally:
-            set_rng_state(streams)
-            mx.random.seed(seed)
-            threads.begin()  # the run's record of its threads starts after the probe
+            figures = _probe(cfg, src_size, tgt_size, work, shape, seed)
+        except (mx.base.MXNetError, MemoryError) as e:  # the run would fail in bfloat16 too
+            why = (f"auto could not time bfloat16 against float32 here "
+                   f"({(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+            if log is not None:
+                print(f"precision auto: float32 runs: {why}", file=log)
+            return Precision("float32", "auto", why)
         precision, why = decide(figures)
         where = measured.keep(name, precision, figures, "the measured precision")
         line = _line(precision, figures, shape, f"measured in {time.perf_counter() - tic:.0f} "
@@ -179,6 +180,19 @@ def measure(cfg, src_size, tgt_size, work, shape, seed, log=None):
     if log is not None:
         print(line, file=log)
     return Precision(precision, "auto", why, dict(figures, cached=cached))
+
+
+def _probe(cfg, src_size, tgt_size, work, shape, seed):
+    """`probe.time_steps`' medians on the run's threads (`work`), the random streams put back
+    as the run expects them (`measure`) and the run's record of its threads started after."""
+    streams = rng_state()
+    try:
+        threads.size_for(work)
+        return probe.medians(probe.time_steps(cfg, src_size, tgt_size, shape, PRECISIONS))
+    finally:
+        set_rng_state(streams)
+        mx.random.seed(seed)
+        threads.begin()
 
 
 def _line(precision, figures, shape, how):
