@@ -22,7 +22,9 @@ from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
 from .steps import _fast_step
 
-WARMUP, ROUNDS = 1, 3  # untimed steps of each precision (tracing, first allocation); timed
+WARMUP = 1  # untimed steps of each precision (tracing, first allocation)
+ROUNDS, MOST_ROUNDS, LEAST_SECONDS = 3, 15, 2.0  # timed: 3 rounds, more while a precision's
+# timed steps add up to less than 2 s (short steps: a burst of another job weighs less)
 RESERVED = 4  # the vocabularies' first ids: <unk>, <pad>, <bos>, <eos>
 # the config's fields that change the step's graph (the cache key names their values)
 GRAPH_FIELDS = ("num_layers", "embedding_size", "ffn_hidden_size", "num_heads", "dropout",
@@ -70,17 +72,19 @@ def timed(step, batch):
 
 def time_steps(cfg, src_size, tgt_size, shape, precisions=("float32", "bfloat16")):
     """``{precision: [seconds of each timed step]}``: `WARMUP` untimed then `ROUNDS` timed
-    steps of a model of `cfg` per precision, on one synthetic batch of `shape`
+    steps of a model of `cfg` per precision (more, up to `MOST_ROUNDS`, while a precision's
+    add up to less than `LEAST_SECONDS`), on one synthetic batch of `shape`
     (`synthetic_batch`), the precisions in alternating order, on this process's threads."""
     batch = synthetic_batch(shape, src_size, tgt_size)
     steps = {name: training_step(cfg, src_size, tgt_size, name) for name in precisions}
     for _ in range(WARMUP):
         for step in steps.values():
             timed(step, batch)
-    seconds = {name: [] for name in precisions}
-    for r in range(ROUNDS):
+    seconds, r = {name: [] for name in precisions}, 0
+    while r < ROUNDS or (r < MOST_ROUNDS and min(map(sum, seconds.values())) < LEAST_SECONDS):
         for name in precisions if r % 2 == 0 else precisions[::-1]:
             seconds[name].append(timed(steps[name], batch))
+        r += 1
     return seconds
 
 
