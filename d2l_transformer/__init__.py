@@ -16,7 +16,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "d2l_transformer needs MXNet 1.9.1: pip install 'd2l_transformer[cpu]' "
         "(or '[cu112]' for an NVIDIA GPU)") from e
 
-npx.set_np()  # the chapter runs MXNet in numpy mode
+_runtime.quietly(npx.set_np)  # the chapter runs MXNet in numpy mode
 
 from .attention import (  # noqa: E402
     DotProductAttention,

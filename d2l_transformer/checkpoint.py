@@ -152,6 +152,9 @@ class _Dir:
         self.shown = os.path.abspath(directory)
         self.real = atomic.resolve_dir(directory)
         self.blobs = {}
+        if os.path.exists(self.real) and not os.path.isdir(self.real):
+            raise CheckpointError(f"{self.shown} is a file, not a model directory (give the "
+                                  "directory `train --out` wrote)")
         if not os.path.isdir(self.real):
             raise CheckpointError(f"model directory {self.shown} does not exist")
 

@@ -34,7 +34,6 @@ def get_parser():
 
 def write_corpus(path, pairs):
     """fra.txt's pairs repeated, copy k with `` k`` after each side, `pairs` lines."""
-    sys.path.insert(0, ROOT)
     from d2l_transformer.data import read_corpus
     sources, targets = read_corpus().pairs()
     written = 0
@@ -49,7 +48,6 @@ def write_corpus(path, pairs):
 
 def child(path, preset):
     """The stages of a training run before its first step, timed (this process is measured)."""
-    sys.path.insert(0, ROOT)
     tic = time.time()
     from d2l_transformer.config import PRESETS  # the package first: its step before MXNet loads
     from d2l_transformer.data import load_data

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 
@@ -58,7 +57,6 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None, metavar="FILE")
     args = p.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_common import MODEL_ENV, sizes
     from bench_decoding import translation_setup
     os.environ[MODEL_ENV] = os.path.abspath(args.model)

@@ -316,7 +316,7 @@ def main(argv=None):
 
     import d2l_transformer  # noqa: F401  (before mxnet: its NumPy-alias shim)
     from d2l_transformer._runtime import threads as _threads
-    from d2l_transformer.inference.ct2_threads import cpu_model
+    from d2l_transformer._runtime.cpu_math import cpu_name
     if args.model:
         os.environ[MODEL_ENV] = os.path.abspath(args.model)
     setup = translation_setup(sizes(False))
@@ -344,7 +344,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "sentences": len(sentences), "repeats": args.repeats,
-                       "cpu": cpu_model(), "physical_cores": cores,
+                       "cpu": cpu_name(), "physical_cores": cores,
                        "ctranslate2": ctranslate2.__version__, "rows": rows,
                        "summary": summary}, f, indent=1)
     return 0

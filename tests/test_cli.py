@@ -175,6 +175,11 @@ def test_help_names_every_command_without_markup(capsys):
 def test_missing_model_dir_and_bad_options(tmp_path, capsys):
     assert cli.main(["translate", "--model", str(tmp_path / "nope"), "go ."]) == 2
     assert capsys.readouterr().err.strip() == f"error: model directory {tmp_path / 'nope'} does not exist"
+    (tmp_path / "model.params").write_text("not a model directory")
+    assert cli.main(["translate", "--model", str(tmp_path / "model.params"), "go ."]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'model.params'} is a file, not a model directory (give the "
+        "directory `train --out` wrote)")
     assert cli.main(["translate", "--model", str(tmp_path), "--beam", "0", "go ."]) == 2
     absent = f"gpu:{mx.context.num_gpus()}"  # one past the last GPU
     assert cli.main(["train", "--preset", "tiny", "--ctx", absent, "--out", str(tmp_path)]) == 2
@@ -329,3 +334,19 @@ def test_out_model_directory_resumed_or_replaced_on_request(model_dir, tmp_path,
     assert not any(n.startswith(".replaced.") for n in os.listdir(tmp_path))
     (tmp_path / "empty").mkdir()  # an empty directory is fine
     assert cli.main(TRAIN + ["--epochs", "1", "--out", str(tmp_path / "empty")]) == 0
+
+
+def test_the_packages_warnings_are_plain_lines(tmp_path):
+    """The console script prints the package's log lines as they are (``PATH: skipped ...``),
+    not with the logging module's prefix (``WARNING:d2l_transformer.data.sources:``):
+    importing the package leaves the root logger unconfigured for the command line's own."""
+    pairs = [f"Go {i}.\tVa {i} !" for i in range(60)]
+    pairs[1] = "Hi.\t "  # an empty side: skipped, with a warning
+    data = tmp_path / "pairs.en-fr.tsv"
+    data.write_text("\n".join(pairs) + "\n", encoding="utf-8")
+    r = _console("train", "--data", str(data), "--preset", "tiny", "--epochs", "1", "--ctx",
+                 "cpu", "--quiet", "--out", str(tmp_path / "m"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert any(line.startswith(f"{data}: skipped 1 pair with an empty side") for line in lines)
+    assert not [line for line in lines if line.startswith(("WARNING:", "INFO:"))]

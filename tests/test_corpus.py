@@ -85,7 +85,7 @@ def test_several_corpora_read_in_order_in_one_direction(tmp_path):
         read_corpus([[first], [other]])
 
 
-def test_names_that_lie_and_flags_that_win(tmp_path, capsys):
+def test_names_that_lie_and_flags_that_win(tmp_path, capsys, caplog):
     pairs = long_pairs(40)
     dev = write(tmp_path / "dev.tsv", [f"{s}\t{t}" for s, t in pairs])  # dev: Domung's code
     with pytest.raises(DataError, match="cannot tell the languages of dev.tsv"):
@@ -100,9 +100,10 @@ def test_names_that_lie_and_flags_that_win(tmp_path, capsys):
     assert cli.main(["train", "--preset", "tiny", "--data", named, "--source-lang", "en",
                      "--target-lang", "de", "--epochs", "1", "--ctx", "cpu", "--quiet",
                      "--out", out]) == 0
-    err = capsys.readouterr().err
-    assert "pairs.en-fr.tsv: its name says en and fr; read as en to de" in err
-    assert "WARNING" not in err and checkpoint.load_config(out).pair == ("en", "de")
+    said = "pairs.en-fr.tsv: its name says en and fr; read as en to de"
+    assert said in caplog.text  # a plain line on stderr (tests/test_cli.py: the log's lines)
+    assert "WARNING" not in capsys.readouterr().err
+    assert checkpoint.load_config(out).pair == ("en", "de")
 
 
 # ------------------------------------------------------------------------------ cleaning

@@ -249,6 +249,64 @@ def test_the_first_run_of_a_process_settles_the_onednn_cap():
     assert settle(("FULL", 16)) == "AVX2 None"
 
 
+@needs_pins
+def test_a_small_bfloat16_run_is_recorded_as_one_not_as_a_machine_bound_run():
+    """``tiny --set precision=bfloat16`` lifts oneDNN's cap for its bfloat16 kernels, not for
+    its size: the record says so (and `mode` says the math ran unpinned)."""
+    code = ("import json, d2l_transformer as d2t; from d2l_transformer._runtime import cpu_math; "
+            "cpu_math.settle(d2t.TINY, 35, bfloat16=True); print(json.dumps(cpu_math.describe()))")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+                       check=True)
+    record = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (record["pinned"], record["mode"]) == (False, "unpinned")
+    assert record["why"].startswith("bfloat16 asked (oneDNN has no bfloat16 kernels below "
+                                    "AVX-512): oneDNN on every instruction set of this CPU")
+    assert "machine-bound" not in record["why"]
+
+
+class _Libc:
+    """`ctypes.CDLL(None)` whose ``syscall`` answers `granted` and counts its calls."""
+
+    calls = []
+
+    def __init__(self, name, use_errno=False):
+        pass
+
+    def syscall(self, *args):
+        _Libc.calls.append(args)
+        return 0 if _Libc.granted else -1
+
+
+@pytest.mark.parametrize("users_cap, granted, allowed, cap, refused", [
+    (None, True, True, _cpu_math.AMX, False),  # ours: AMX named
+    ("AVX512_CORE_AMX", True, True, "AVX512_CORE_AMX", False),  # yours: the tiles asked for
+    ("AVX512_CORE_BF16", True, False, "AVX512_CORE_BF16", False),  # yours, without AMX: kept
+    ("AVX512_CORE_AMX", False, False, "AVX512_CORE_AMX", True),  # refused: said, not fatal
+    (None, False, False, None, False),  # refused, no cap: oneDNN never reaches AMX
+])
+def test_amx_tiles_are_asked_for_whenever_the_cpu_has_them(monkeypatch, users_cap, granted,
+                                                           allowed, cap, refused):
+    monkeypatch.setattr(_cpu_math.ctypes, "CDLL", _Libc)
+    monkeypatch.setattr(_Libc, "calls", [])
+    monkeypatch.setattr(_Libc, "granted", granted, raising=False)
+    monkeypatch.setitem(_cpu_math._state, "amx", None)
+    monkeypatch.delenv(_environ.MARK, raising=False)
+    if users_cap is None:
+        monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("DNNL_MAX_CPU_ISA", users_cap)
+    assert not _cpu_math.allow_amx({"avx512_bf16"}) and _Libc.calls == []  # no tiles: not asked
+    assert _cpu_math.allow_amx({"amx_bf16", "amx_tile", "avx512_bf16"}) == allowed
+    assert len(_Libc.calls) == 1 and os.environ.get("DNNL_MAX_CPU_ISA") == cap
+    why = _cpu_math.amx_refused()
+    assert (why is not None) == refused
+    if refused:
+        assert why.startswith("DNNL_MAX_CPU_ISA=AVX512_CORE_AMX is yours and names AMX, but "
+                              "Linux lends this process no AMX tiles")
+    _cpu_math.allow_amx({"amx_bf16", "amx_tile"})
+    assert len(_Libc.calls) == 1  # asked once per process
+
+
 def _cli(*args, **env):
     r = subprocess.run([sys.executable, "-m", "d2l_transformer", *args], capture_output=True,
                        text=True, cwd=ROOT, env=_env(DNNL_VERBOSE="1", **env), timeout=600)
@@ -303,13 +361,16 @@ def test_pinned_and_why_agree(monkeypatch):
     monkeypatch.setitem(_threads._state, "used", {1})
     record = _cpu_math.describe("cpu(0)")
     assert record["pinned"] and record["why"] is None and record["threads"] == [1]
+    assert record["mode"] == "pinned"
     monkeypatch.setitem(_threads._state, "used", {1, 2})  # `size_for` gave the run two threads
     record = _cpu_math.describe("cpu(0)")
     assert not record["pinned"] and record["threads"] == [1, 2]
+    assert record["mode"] == "unpinned"  # what ran, not what D2L_TRANSFORMER_CPU asked
     assert record["why"] == "1 and 2 OpenMP threads (sized to a machine-bound run), not one"
     monkeypatch.setenv(_threads.ENV, "2")
     monkeypatch.setitem(_threads._state, "used", {2})
     monkeypatch.setitem(_cpu_math._state, "settled", "lifted")
+    monkeypatch.setitem(_cpu_math._state, "lifted_for", "a machine-bound run")
     monkeypatch.setitem(_cpu_math._state, "isa_cap", None)
     assert _cpu_math.describe("cpu(0)")["why"] == (
         "a machine-bound run: oneDNN on every instruction set of this CPU; "

@@ -29,6 +29,7 @@ from d2l_transformer.inference.engines import (
     EngineError,
     open_engine,
 )
+from d2l_transformer.io import measured
 from d2l_transformer.training.run import train_model
 
 ctranslate2 = pytest.importorskip(
@@ -44,7 +45,8 @@ def cache(tmp_path, monkeypatch):
     """The package's cache directory, this test's own (`io.cache`)."""
     path = tmp_path / "cache"
     monkeypatch.setenv("D2L_TRANSFORMER_CACHE", str(path))
-    return path / ct2_threads.CACHE_FILE
+    monkeypatch.setattr(measured, "busy", lambda: None)  # kept whatever else the machine runs
+    return path / measured.FILE
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +106,9 @@ def test_the_measurement_is_cached_once_per_machine_and_model(monkeypatch, cache
     assert _best() == 2 and calls == [[1, 2, 4]]
     entries = json.loads(cache.read_text())["entries"]
     (name, entry), = entries.items()
-    assert name == ct2_threads.key(MODEL, "float32", "4.8.5") and entry["threads"] == 2
+    assert name == ct2_threads.key(MODEL, "float32", "4.8.5") and entry["value"] == 2
     assert "4 cores" in name and "ctranslate2 4.8.5" in name and "float32" in name
-    assert entry["median_seconds"] == {"1": 3.0, "2": 1.0, "4": 2.0}
+    assert entry["figures"] == {"1": 3.0, "2": 1.0, "4": 2.0}
     assert _best() == 2 and len(calls) == 1  # reused, not measured again
     # another compute type, or another model size, is measured (and kept beside the first)
     calls_before = len(calls)
@@ -117,22 +119,22 @@ def test_the_measurement_is_cached_once_per_machine_and_model(monkeypatch, cache
 
 
 @pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"format": "other", "entries": {}}',
-                                    "\xff\xfe", "KEY"])
+                                    "\xff\xfe", "two", 100000, 3])
 def test_a_damaged_cache_is_ignored_in_one_line_and_written_anew(monkeypatch, cache, caplog,
                                                                   damage):
     monkeypatch.setattr(_threads, "physical_cores", lambda: 2)
     calls = _fake_measure(monkeypatch, {1: [1.0] * 3, 2: [2.0] * 3})
     cache.parent.mkdir()
-    if damage == "KEY":  # our format, an entry that is not a count: that entry ignored
-        damage = json.dumps({"format": ct2_threads.FORMAT, "entries": {
-            ct2_threads.key(MODEL, "float32", "4.8.5"): {"threads": "two"}}})
+    if not isinstance(damage, str) or damage == "two":  # our format, a count not measured
+        damage = json.dumps({"format": measured.FORMAT, "entries": {  # here: that entry ignored
+            ct2_threads.key(MODEL, "float32", "4.8.5"): {"value": damage}}})
     cache.write_bytes(damage.encode("latin-1"))
     with caplog.at_level(logging.WARNING):
         assert _best() == 1 and len(calls) == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert all("\n" not in w for w in warnings)
     data = json.loads(cache.read_text())
-    assert data["format"] == ct2_threads.FORMAT and len(data["entries"]) == 1
+    assert data["format"] == measured.FORMAT and len(data["entries"]) == 1
     assert _best() == 1 and len(calls) == 1  # the new file is read
 
 
@@ -147,6 +149,30 @@ def test_an_unwritable_cache_leaves_the_measured_count(monkeypatch, tmp_path, ca
     assert len(calls) == 1 and blocker.read_text() == "not a directory"
     assert any("cannot keep CTranslate2's measured threads" in r.getMessage()
                for r in caplog.records)
+
+
+def test_the_translators_are_measured_one_at_a_time(monkeypatch):
+    """`measure` loads one translator at a time (each round opens each count's in turn, in
+    alternating order) and times every count `ROUNDS` times."""
+    alive, opened = [0], []  # translators not yet freed; the counts opened
+
+    class Translator:
+        def __init__(self, n):
+            assert alive[0] == 0, "a translator was still loaded"
+            alive[0] += 1
+            opened.append(n)
+
+        def translate_batch(self, sources, **options):
+            assert options["max_decoding_length"] == ct2_threads.PROBE_STEPS
+
+        def __del__(self):
+            alive[0] -= 1
+
+    seconds = ct2_threads.measure(Translator, [1, 2, 4], ct2_threads.probe(TOKENS))
+    assert sorted(seconds) == [1, 2, 4]
+    assert all(len(s) == ct2_threads.ROUNDS for s in seconds.values())
+    assert opened[:6] == [1, 2, 4, 4, 2, 1] and len(opened) == 3 * ct2_threads.ROUNDS
+    assert alive == [0]
 
 
 # ------------------------------------------------------------------ threads: the engine
@@ -164,7 +190,7 @@ def test_the_engine_measures_once_and_engine_threads_wins(tiny, monkeypatch, cac
     assert sorted(seconds) == [1, 2] and all(len(s) == ct2_threads.ROUNDS for s in seconds.values())
     assert engine.intra_threads == ct2_threads.choose(seconds)
     (entry,) = json.loads(cache.read_text())["entries"].values()
-    assert entry["threads"] == engine.intra_threads
+    assert entry["value"] == engine.intra_threads
     assert len(engine.translate(sentences[:10])) == 10
     assert open_engine(model_dir, "ctranslate2").intra_threads == engine.intra_threads
     assert len(measured) == 1  # cached

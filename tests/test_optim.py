@@ -59,6 +59,51 @@ def test_clip_adam_equals_clipping_then_trainer_step(wd, per_token):
                                     err_msg=a.name)
 
 
+def _adam_run(monkeypatch, kernels_on, wd):
+    """Weights and Adam's moments after 4 `ClipAdam` updates of a net with a large and a
+    small layer (the large one split between the threads), kernels on or off."""
+    monkeypatch.setenv("D2L_TRANSFORMER_KERNELS", "1" if kernels_on else "0")
+    mx.random.seed(5)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(300, activation="tanh", in_units=400), gluon.nn.Dense(3, in_units=300))
+    net.initialize(mx.init.Xavier())
+    params = _params(net)
+    trainer = gluon.Trainer(net.collect_params(), "adam",
+                            {"learning_rate": 0.01, "wd": wd, "beta2": 0.98, "epsilon": 1e-9})
+    update = d2t.ClipAdam(trainer, params, 1)
+    rng = onp.random.RandomState(0)
+    for step in range(4):
+        _backward(net, mx.np.array(rng.normal(size=(6, 400)), dtype="float32"),
+                  10.0 if step % 2 else 0.01)
+        update(mx.np.array(5.0 + step))
+    states = [s for st in trainer._updaters[0].states.values() for s in st]
+    return [p.data().asnumpy() for p in params] + [s.asnumpy() for s in states]
+
+
+@pytest.mark.parametrize("wd", [0.0, 1e-2])
+def test_the_update_in_one_kernel_is_multi_adamw_update_bit_for_bit(monkeypatch, wd):
+    """On a CPU with the kernels, `ClipAdam` updates every parameter in one operator
+    (`kernels.adam`): the same weights and moments, bit for bit, as MXNet's
+    multi_adamw_update (the kernels off), on one thread and on every core."""
+    from d2l_transformer import kernels
+    from d2l_transformer._runtime import threads
+    if not kernels.load():
+        pytest.skip("the kernels are not built here (no C++ compiler)")
+    reference = _adam_run(monkeypatch, False, wd)
+    ran, adam = [], kernels.adam
+    monkeypatch.setattr(kernels, "adam", lambda *args: ran.append(adam(*args)) or ran[-1])
+    try:
+        for work in (1, threads.BIG_WORK):  # one thread, then every core
+            threads.size_for(work)
+            got = _adam_run(monkeypatch, True, wd)
+            assert all((a == b).all() for a, b in zip(got, reference)), work
+    finally:
+        threads.size_for(1)
+    assert ran == [True] * 8  # the kernel updated: 4 steps, twice
+    assert any((a != b).any() for a, b in zip(_adam_run(monkeypatch, True, wd + 1e-3),
+                                                reference))  # the comparison can tell
+
+
 def test_weight_decay_makes_a_difference_the_fused_update_reproduces():
     """The test above would pass if wd were ignored on both sides: check it is not."""
     finals = []

@@ -242,3 +242,19 @@ def test_gluon_block_internals_are_read_in_one_module():
             found |= {(f, node.attr) for node in ast.walk(tree)
                       if isinstance(node, ast.Attribute) and node.attr in GLUON_PRIVATE}
     assert found == set()
+
+
+def test_no_script_puts_a_path_on_sys_path():
+    """The scripts import the installed package and one another by name (``python
+    scripts/X.py`` puts scripts/ first on the path itself): none changes ``sys.path``."""
+    import ast
+
+    found = []
+    scripts = os.path.join(ROOT, "scripts")
+    for name in sorted(os.listdir(scripts)):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(scripts, name), encoding="utf-8").read())
+            found += [(name, node.lineno) for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr == "path"
+                      and isinstance(node.value, ast.Name) and node.value.id == "sys"]
+    assert found == []

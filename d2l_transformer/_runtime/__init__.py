@@ -13,6 +13,7 @@ The package's face calls `prepare` first thing. A program that must not import t
 and calls the same step: the modules here use the standard library and NumPy only.
 """
 
+import logging
 import sys
 
 from . import compat, cpu_math, cuda, environ, threads
@@ -37,3 +38,19 @@ def _say_too_late():
     if missed:
         environ.notice(f"mxnet was imported before d2l_transformer: {'; '.join(missed)}, so "
                        "results may differ from the README's (import d2l_transformer first)")
+
+
+def quietly(call):
+    """``call()`` without configuring the root logger: MXNet's `npx.set_np` logs through
+    ``logging.info``, whose first use on an unconfigured root logger calls
+    ``logging.basicConfig``, so that importing the package would fix every log line's format
+    (``WARNING:d2l_transformer.data.sources:...``) before a program (the CLI: plain lines)
+    could choose its own."""
+    root = logging.getLogger()
+    placeholder = logging.NullHandler()
+    if not root.handlers:
+        root.addHandler(placeholder)
+    try:
+        return call()
+    finally:
+        root.removeHandler(placeholder)

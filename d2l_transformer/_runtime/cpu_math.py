@@ -43,7 +43,9 @@ _state = {"mode": None, "reason": None,  # `configure`'s: the mode, why nothing 
           "kept": {},  # {name: the user's value kept instead of the pin}
           "late": [],  # the pins set after MXNet was imported (`too_late`)
           "settled": None,  # "capped" or "lifted": the first `settle`'s
-          "isa_cap": None}  # DNNL_MAX_CPU_ISA when the first `settle` ran: oneDNN's
+          "lifted_for": None,  # why it lifted the cap (a phrase)
+          "isa_cap": None,  # DNNL_MAX_CPU_ISA when the first `settle` ran: oneDNN's
+          "amx": None}  # `allow_amx`'s: "granted" or "refused" by Linux, None: not asked
 
 
 def mode():
@@ -96,7 +98,8 @@ def configure():
     them. Returns whether every pin is in force."""
     if os.environ.get(ENV, "pinned").strip().lower() not in MODES + ("",):
         environ.notice(f"{ENV}={os.environ[ENV]!r} is not pinned or native: using pinned")
-    _state.update(mode=mode(), reason=None, kept={}, late=[], settled=None, isa_cap=None)
+    _state.update(mode=mode(), reason=None, kept={}, late=[], settled=None, lifted_for=None,
+                  isa_cap=None, amx=None)
     reason = None if _state["mode"] == "native" else unpinnable(flags=cpu_flags())
     if _state["mode"] == "native" or reason:
         _state["reason"] = reason
@@ -136,24 +139,27 @@ def settle(cfg, tgt_size, bfloat16=False):
     is loaded): keep oneDNN capped for a pinned run, lift the cap for a machine-bound one
     (`threads.is_big` of its `threads.run_work`: the `full` presets'), which runs on every core
     anyway, so that its numbers depend on the machine already, and which the cap would cost
-    speed (docs/benchmarks.md, "The CPU math"), and for a run whose products compute in
+    speed (docs/benchmarks.md, "The CPU math"), and for a run whose products may compute in
     bfloat16 (``bfloat16``: `training.precision`; oneDNN has no bfloat16 kernels below
-    AVX-512), for which it also asks for AMX (`allow_amx`). OpenBLAS stays on its Haswell
-    kernels: they are what an AVX2 CPU runs anyway. oneDNN reads its cap once, at its first
-    kernel, so the first run of a process decides for the process: `train_model` and
-    `checkpoint.load` call this before their first kernel; later calls change nothing. Starts
-    the run's record of its threads (`threads.begin`); returns the run's work."""
+    AVX-512), for which it also asks for AMX (`allow_amx`; so it does for any run under a cap
+    of the user's that names AMX). OpenBLAS stays on its Haswell kernels: they are what an AVX2
+    CPU runs anyway. oneDNN reads its cap once, at its first kernel, so the first run of a
+    process decides for the process: `train_model` and `checkpoint.load` call this before their
+    first kernel; later calls change nothing. Starts the run's record of its threads
+    (`threads.begin`); returns the run's work."""
     work = threads.run_work(cfg, tgt_size)
     threads.begin()
     if _state["settled"]:
         return work
-    lift = _state["mode"] == "pinned" and not _state["reason"] and \
-        (threads.is_big(work) or bfloat16)
+    big = threads.is_big(work)
+    lift = _state["mode"] == "pinned" and not _state["reason"] and (big or bfloat16)
     _state["settled"] = "lifted" if lift else "capped"
     if lift:
+        _state["lifted_for"] = "a machine-bound run" if big else \
+            "bfloat16 asked (oneDNN has no bfloat16 kernels below AVX-512)"
         environ.release(ISA_CAP[0])  # a cap the user set stays
-    if bfloat16:
-        allow_amx()
+    if bfloat16 or "AMX" in (environ.users(ISA_CAP[0]) or "").upper():
+        allow_amx()  # the tiles: for bfloat16, or for the user's own cap naming AMX
     _state["isa_cap"] = os.environ.get(ISA_CAP[0])
     return work
 
@@ -164,19 +170,35 @@ _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158  # 
 
 def allow_amx(flags=None):
     """Let oneDNN's bfloat16 products run on the CPU's AMX tiles, where it has them (`flags`:
-    its /proc/cpuinfo flags by default) and the user set no oneDNN cap of their own: Linux lends
-    a process the tiles' state only when it asks (``arch_prctl(ARCH_REQ_XCOMP_PERM)``; an AMX
-    instruction without it kills the process, SIGILL), and oneDNN 2.4 neither asks nor uses AMX
-    unless ``DNNL_MAX_CPU_ISA`` names it. Before oneDNN's first kernel. Returns whether AMX was
-    allowed."""
+    its /proc/cpuinfo flags by default). Linux lends a process the tiles' state only when it
+    asks (``arch_prctl(ARCH_REQ_XCOMP_PERM)``; an AMX instruction without it kills the process,
+    SIGILL, without a message), so this asks whenever the CPU has them, whatever the cap: a
+    user's own ``DNNL_MAX_CPU_ISA`` naming AMX needs the tiles as much. Where the user set no
+    cap, it names AMX (oneDNN 2.4 uses AMX only then). Before oneDNN's first kernel. Returns
+    whether oneDNN may use AMX now (`amx_refused` says when a product would be fatal)."""
     flags = cpu_flags() if flags is None else flags
-    if not {"amx_bf16", "amx_tile"} <= set(flags or ()) or environ.users(ISA_CAP[0]):
+    if not {"amx_bf16", "amx_tile"} <= set(flags or ()):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
-        return False  # a kernel without the request (before Linux 5.16) has no AMX for us
-    environ.claim(ISA_CAP[0], AMX)
-    return True
+    if _state["amx"] is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        granted = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+        _state["amx"] = "granted" if granted else "refused"  # refused: Linux before 5.16
+    if _state["amx"] == "refused":
+        return False
+    if environ.users(ISA_CAP[0]) is None:
+        environ.claim(ISA_CAP[0], AMX)
+    return "AMX" in os.environ[ISA_CAP[0]].upper()
+
+
+def amx_refused():
+    """Why oneDNN's bfloat16 products would kill this process (one phrase), or None: the cap
+    names AMX (the user's) and Linux refused the tiles (`allow_amx`)."""
+    cap = os.environ.get(ISA_CAP[0]) or ""
+    if _state["amx"] == "refused" and "AMX" in cap.upper():
+        return (f"{ISA_CAP[0]}={cap} is yours and names AMX, but Linux lends this process no "
+                "AMX tiles (before Linux 5.16): an AMX product would kill it (unset it, or cap "
+                "at AVX512_CORE_BF16)")
+    return None
 
 
 def openblas_core():
@@ -194,10 +216,12 @@ def openblas_core():
 
 def describe(device="cpu"):
     """What summary.json records of the arithmetic a run on `device` used: ``{"pinned",
-    "mode", "cpu", "isa_cap", "openblas", "threads", "why"}``, as it ran: oneDNN's cap when
-    the run settled (`settle`; else the one in the environment), the kernels OpenBLAS chose,
-    the OpenMP thread counts (`threads.ran`; None: MXNet's own). `why` says why the run's
-    numbers may differ from the README's (None when they should not: then `pinned`)."""
+    "mode", "cpu", "isa_cap", "openblas", "threads", "why"}``, as it ran: ``mode`` ``"pinned"``
+    (the README's arithmetic), ``"native"`` (``D2L_TRANSFORMER_CPU=native``) or
+    ``"unpinned"`` (pinned asked, left for what `why` says); oneDNN's cap when the run settled
+    (`settle`; else the one in the environment), the kernels OpenBLAS chose, the OpenMP thread
+    counts (`threads.ran`; None: MXNet's own). `why` says why the run's numbers may differ from
+    the README's (None when they should not: then `pinned`)."""
     counts, cause = threads.ran()
     record = {"pinned": False, "mode": _state["mode"] or mode(), "cpu": cpu_name(),
               "isa_cap": _state["isa_cap"] if _state["settled"] else os.environ.get(ISA_CAP[0]),
@@ -212,16 +236,22 @@ def describe(device="cpu"):
         why = _differences(record, cause)
     record["why"] = "; ".join(why) or None
     record["pinned"] = record["why"] is None
+    if not record["pinned"] and record["mode"] == "pinned":
+        record["mode"] = "unpinned"
     return record
 
 
 def _differences(record, cause):
     """How a pinned-mode run's `record` differs from the pinned math (phrases)."""
     why = []
-    if record["isa_cap"] != ISA_CAP[1]:
-        why.append("a machine-bound run: oneDNN on every instruction set of this CPU"
-                   if _state["settled"] == "lifted" else
-                   f"oneDNN capped at {record['isa_cap']} ({ISA_CAP[0]} is yours), not AVX2")
+    cap = record["isa_cap"]
+    if cap != ISA_CAP[1] and _state["settled"] == "lifted":
+        ours = cap is None or (cap == AMX and ISA_CAP[0] not in _state["kept"])
+        why.append(f"{_state['lifted_for']}: oneDNN on every instruction set of this CPU"
+                   + (", AMX included" if cap else "") if ours else
+                   f"{_state['lifted_for']}: oneDNN capped at {cap} ({ISA_CAP[0]} is yours)")
+    elif cap != ISA_CAP[1]:
+        why.append(f"oneDNN capped at {cap} ({ISA_CAP[0]} is yours), not AVX2")
     if record["openblas"] not in (None, OPENBLAS_CORE[1]):
         why.append(f"OpenBLAS ran its {record['openblas']} kernels ("
                    + (f"{OPENBLAS_CORE[0]} is yours" if OPENBLAS_CORE[0] in _state["kept"]

@@ -37,6 +37,7 @@ ENV = "D2L_TRANSFORMER_THREADS"
 MAX_ENV = "D2L_TRANSFORMER_MAX_THREADS"  # the most `auto` uses (the local launcher shares cores)
 OMP = ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS")  # MXNet's thread count, when set
 BIG_WORK = 1 << 26  # multiply-adds of one output-layer call from which every core pays
+CGROUP = "/sys/fs/cgroup"  # Linux's control groups: v2's cpu.max, v1's cpu/ (or cpu,cpuacct/)
 _state = {"managed": False,  # OMP_NUM_THREADS is ours (`configure`)
           "threads": 1,  # the count in force on the engine's CPU worker
           "used": set(),  # the counts `size_for` put in force since `begin`
@@ -76,6 +77,37 @@ def physical_cores():
         except OSError:
             cores.add(str(cpu))
     return max(1, len(cores))
+
+
+def usable_cpus():
+    """The logical CPUs this process may run on (its affinity; elsewhere all of them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_quota():
+    """The CPUs' worth of time this process's control group may take (cgroup v2's
+    ``cpu.max``, v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None: no quota, or none
+    readable."""
+    for quota, period in ((("cpu.max",), None),
+                          *(((d, "cpu.cfs_quota_us"), (d, "cpu.cfs_period_us"))
+                            for d in ("cpu", "cpu,cpuacct"))):
+        try:
+            with open(os.path.join(CGROUP, *quota)) as f:
+                words = f.read().split()
+            if period is not None:
+                with open(os.path.join(CGROUP, *period)) as f:
+                    words = words[:1] + f.read().split()[:1]
+        except OSError:
+            continue
+        try:
+            share = int(words[0]) / int(words[1])
+        except (ValueError, IndexError, ZeroDivisionError):  # "max", v1's -1: no quota
+            return None
+        return share if share > 0 else None
+    return None
 
 
 def _count(value):

@@ -1,4 +1,5 @@
-"""One writer per model directory: an OS advisory lock held while a run trains it.
+"""One writer per model directory: an OS advisory lock held while a run trains it (or an
+export writes it; the measurement cache, `measured`, is written under one too, waiting its turn).
 
 The lock is ``fcntl.flock`` on ``.NAME.lock`` beside the model directory ``NAME`` (in its
 parent: it exists only while the run trains, and it is no part of the model, so that a copy of
@@ -15,6 +16,7 @@ the user's to avoid.
 import contextlib
 import os
 import re
+import time
 
 from . import atomic
 
@@ -23,8 +25,9 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-_TEXT = "d2l_transformer training, pid {pid}\n"
-_LINE = re.compile(r"d2l_transformer training, pid (\d+)\n\Z")
+_TEXT = "d2l_transformer, pid {pid}\n"
+_LINE = re.compile(r"d2l_transformer(?: training)?, pid (\d+)\n\Z")  # an older holder's too
+_POLL = 0.01  # seconds between tries while waiting
 
 
 class Locked(Exception):
@@ -43,12 +46,25 @@ def _holder(fd):
     return int(match.group(1)) if match else None
 
 
+def _take(fd, wait):
+    """Take the lock on `fd`, trying for up to `wait` seconds; whether it was taken."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL)
+
+
 @contextlib.contextmanager
-def locked(directory, what="written"):
-    """Hold the lock of `directory` for the ``with`` block, else raise `Locked` at once (no
-    waiting): "DIRECTORY is being WHAT by another process (pid N)". Creates the parent
-    directory if it is missing (`atomic.makedirs`: a model directory whose migration was
-    interrupted is put back first)."""
+def locked(directory, what="written", wait=0.0):
+    """Hold the lock of `directory` for the ``with`` block, else raise `Locked`, at once or
+    after waiting up to `wait` seconds for its holder: "DIRECTORY is being WHAT by another
+    process (pid N)". Creates the parent directory if it is missing (`atomic.makedirs`: a model
+    directory whose migration was interrupted is put back first)."""
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
@@ -60,9 +76,7 @@ def locked(directory, what="written"):
             if os.fstat(fd).st_size and _holder(fd) is None:
                 raise Locked(f"{path} exists and was not written by d2l_transformer: remove it, "
                              "or give another directory")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _take(fd, wait):
                 pid = _holder(fd)
                 raise Locked(f"{directory} is being {what} by another process"
                              + (f" (pid {pid})" if pid else "")) from None

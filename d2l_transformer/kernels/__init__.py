@@ -9,7 +9,9 @@ a sum) in one operator with one pass over the rows, forward and backward; `atten
 sqrt(d), d2l's masked softmax, weighted sum, merge heads — 12 MXNet operators and their
 backward passes) reading the heads in place; `softmax_ce.cc` adds ``d2t_softmax_ce``: the
 masked (label-smoothed) softmax cross-entropy, whose MXNet form (log_softmax, pick, mean over
-the vocabulary) weighed most in a `full`-preset step. Dropout inside the kernels (d2l 9.1's on the
+the vocabulary) weighed most in a `full`-preset step; `adam.cc` adds ``d2t_adam``, Adam's
+update of every parameter in one operator, multi_adamw_update's arithmetic bit for bit, a
+contiguous pass per tensor (`adam`). Dropout inside the kernels (d2l 9.1's on the
 attention weights, 9.3.3's AddNorm on the sublayer's output): MXNet's Dropout distribution,
 drawn from MXNet's seeded random states when MXNet is training (`training_flag`), the mask
 kept for the backward pass.
@@ -45,7 +47,8 @@ from ..io.cache import cache_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name)
-           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "threads.cc")]
+           for name in ("layer_norm.cc", "attention.cc", "softmax_ce.cc", "threads.cc",
+                        "adam.cc")]
 HEADERS = [os.path.join(HERE, "common.h")]
 # -fno-trapping-math: no FP exception is ever read, so float selects and compares may be
 # vectorized (the softmax loops); it changes no value. -fopenmp (MXNet's own libgomp) when the
@@ -147,7 +150,7 @@ def load():
             mx.library.load(build(), verbose=False)
             _state["loaded"] = all(hasattr(mx.sym, op) for op in (
                 "d2t_add_layer_norm", "d2t_attention", "d2t_softmax_ce",
-                "d2t_omp_threads"))
+                "d2t_omp_threads", "d2t_adam"))
         except Exception as e:  # noqa: BLE001 - any failure means: use MXNet's operators
             warnings.warn(f"d2l_transformer: fused kernels unavailable ({e}); "
                           "using MXNet's operators (same numbers, slower)", stacklevel=2)
@@ -239,3 +242,18 @@ def softmax_ce(F, pred, label, valid_length, smoothing=0.0, per_token=False):
           valid_length.astype("float32").as_nd_ndarray()]
     out = F.d2t_softmax_ce(*nd, smoothing=repr(float(smoothing)), per_token=int(bool(per_token)))
     return out[0].as_np_ndarray()  # (batch,); out[1]: the log-sum-exps the backward pass reads
+
+
+def adam(ctx, weights, grads, means, variances, rescale, lrs, wds, beta1, beta2, epsilon):
+    """Adam's update of every parameter in one operator (`adam.cc`): ``multi_adamw_update``'s
+    arithmetic bit for bit (eta 1, no clipping), its skip of a rescale (a (1,) array) that is
+    not finite or 0 too, with each tensor in one contiguous pass; legacy arrays, updated in
+    place (weights, means, variances). False, updating nothing, where `ctx` is not a CPU or
+    the kernels are off or do not load: the caller runs ``multi_adamw_update``."""
+    if ctx.device_type != "cpu" or not _enabled() or not load():
+        return False
+    mx.nd.d2t_adam(*weights, *grads, *means, *variances, rescale, num=len(weights),
+                   lrs=",".join(repr(float(x)) for x in lrs),
+                   wds=",".join(repr(float(x)) for x in wds), beta1=repr(float(beta1)),
+                   beta2=repr(float(beta2)), epsilon=repr(float(epsilon)))
+    return True

@@ -3,11 +3,14 @@
 (Kalamkar et al. 2019).
 
 Each product takes its input and weight rounded to bfloat16 (MXNet's ``amp_cast``) and runs
-oneDNN's bfloat16 FullyConnected, which accumulates in float32; the result is given back as
-float32. The master weights stay float32 (their gradients come back through the casts as
-float32), and so does everything around the products: the fused kernels, the softmax, the
-layer norms, the loss. Where two products follow each other (9.3.2's FFN, the ReLU between
-them) the hidden layer stays bfloat16: one cast in and one out instead of two each.
+oneDNN's bfloat16 FullyConnected, which accumulates in float32 but hands back bfloat16: its
+output is rounded to bfloat16 (8 bits of mantissa) and only then cast to float32, which
+restores no bits. So the output layer's logits reach the loss as float32 numbers with
+bfloat16's 8-bit mantissas (tests/test_precision.py checks it). The master weights stay
+float32 (their gradients come back through the casts as float32), and so does everything
+around the products: the fused kernels, the softmax, the layer norms, the loss. Where two
+products follow each other (9.3.2's FFN, the ReLU between them) the hidden layer stays
+bfloat16: one cast in and one out instead of two each.
 """
 
 import mxnet as mx

@@ -57,106 +57,73 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
                   loss=None, start_epoch=1, epoch_seed=None, reseed_from=1, on_batch=None,
                   report_every=50, fast=False, kvstore=None, clip_per_token=False,
                   size_threads=True, output_width=None, work=None, precision="float32"):
-    """Train as the chapter does: Xavier, Adam, masked CE, clip to 1, ``step(num_tokens)``.
+    """Train as the chapter does (d2l's ``train_s2s_ch8``, 9.3.7): Xavier, Adam, masked CE,
+    the gradient clipped to 1, ``trainer.step(num_tokens)``. The keyword-only options are not
+    the chapter's; their defaults are its run.
 
-    Returns a summary: ``loss`` as the book prints it (summed sequence losses / tokens, last
-    epoch), ``loss_per_token`` (the true cross-entropy per target token: summed over the real
-    tokens, divided by their number, whatever the padding) and its ``perplexity``,
-    ``tokens_per_sec`` (last epoch, like the book), ``history`` ``[(epoch, loss), ...]`` every
-    10 epochs. With a ``reduction="token"`` loss, ``loss`` is that cross-entropy too (the
-    book's units average over the padded width, which only the chapter's fixed width makes a
-    fixed scale); with label smoothing both stay the plain cross-entropy.
-    ``on_epoch(epoch, loss)`` is called after every epoch; if it returns True, the training
-    ends after that epoch (early stopping; not in the chapter).
+    Returns `_summary`'s dict: ``loss`` as the book prints it and ``loss_per_token``, the true
+    cross-entropy (docs/design.md, "The loss in the book's units"), ``perplexity``,
+    ``tokens_per_sec`` (last epoch), ``history`` [(epoch, loss) every 10 epochs].
 
-    Options beyond the chapter (keyword-only; the defaults are the chapter's run): ``trainer``
-    given means the model is already initialised (or loaded) and is trained as it is, with this
-    trainer; ``loss`` replaces `MaskedSoftmaxCELoss()`; epochs run from ``start_epoch``;
-    ``epoch_seed`` reseeds MXNet's RNG (dropout, LayerDrop, DropHead) with ``epoch_seed +
-    epoch`` before each epoch from epoch ``reseed_from`` on, while NumPy's stream (the batch
-    order) runs on as in the chapter (``reseed_from=2``: epoch 1 draws the deferred Xavier
-    initialisation from the stream the caller seeded, as the chapter's run does);
-    with `rng_state` saved at an epoch boundary and restored by `set_rng_state`, a resumed run
-    repeats an uninterrupted one exactly; ``on_batch(epoch,
-    batches_done, sums)`` is called after every batch: ``sums`` is the epoch's running
-    ``(loss_sum, num_tokens)`` as host floats every ``report_every`` batches and after the
-    epoch's last batch (then summed over all workers), else None, so that a progress bar never
-    makes the fast path read the device every batch.
-
-    ``fast=True`` runs the same arithmetic as one hybridized graph
-    (:class:`TrainGraph`, ``static_alloc/static_shape``), clips and updates all parameters in
-    fused operators (:class:`ClipAdam`, no host sync) and reads the losses back once per epoch
-    (and every ``report_every`` batches for ``on_batch``); a gradient whose global norm is not
-    finite raises FloatingPointError at the end of its epoch, before ``on_epoch``;
-    on a CPU the graph's LayerNorms and attention cores are the fused kernels of `kernels`
-    (same function; MXNet's operators when they cannot be built). It needs the corrected model
-    (the graph call raises in exact mode). A model the graph cannot trace (`steps.traceable`:
-    the 2019 book's seq2seq models) trains on the imperative step with ``fast=True`` too; the
-    summary's ``fast`` says which ran. The loop below is shared: only the step function
-    (chosen once, `_choose_step`) differs.
-
-    ``size_threads=False`` keeps the process's OpenMP thread count (``OMP_NUM_THREADS``, one
-    unless set) instead of sizing it to the work (`_runtime.threads`): what the chapter's own code runs
-    with, whose float rounding an exact run must repeat. The work is the output layer's
-    products: ``work``, the run's (`_runtime.threads.run_work`: `train_model` gives it, the
-    number that also settled oneDNN's cap), else each epoch's first batch's rows x
-    ``output_width`` x vocabulary, the width by default the model's own
-    (`steps.output_layer_width`: the Transformer's ``embedding_size``, a seq2seq model's LSTM
-    units).
-
-    ``precision="bfloat16"`` (not in the chapter; `training.precision` decides it for a run,
-    `train_model` passes its choice): the graph path's matrix products in bfloat16, the
-    weights, Adam and everything else float32 (`training.bfloat16`); the imperative step
-    ignores it.
-
-    ``clip_per_token=True`` (not in the chapter) clips the gradient of the MEAN loss per target
-    token to norm 1, as fairseq's and PyTorch's recipes do, instead of the chapter's gradient of
-    the SUMMED loss (which, divided by the token count afterwards, is clipped at every step).
-
-    Scale-out: ``ctx`` may be a list of devices; each batch is split across them and
-    `_parallel_step` sums the gradients through the trainer's kvstore. ``kvstore`` is a dist
-    kvstore (`distributed.create_kvstore`) when several processes train together: each feeds
-    its own shard of the data, and the reported loss and tokens are sums over all workers.
+    * ``on_epoch(epoch, loss)`` after each epoch (True ends the training: early stopping);
+      ``on_batch(epoch, batches_done, sums)`` after each batch, ``sums`` the epoch's running
+      ``(loss_sum, num_tokens)`` every ``report_every`` batches and at its end, else None.
+    * ``trainer``: the model is initialised (or loaded) already and trains with it; ``loss``
+      replaces `MaskedSoftmaxCELoss()`; the epochs run from ``start_epoch``.
+    * ``epoch_seed``: MXNet's RNG reseeded with ``epoch_seed + epoch`` from epoch
+      ``reseed_from`` on (2: epoch 1's deferred Xavier draws from the caller's stream, as the
+      chapter's run); NumPy's (the batch order) runs on, so `rng_state` and `set_rng_state` at
+      an epoch boundary resume a run exactly.
+    * ``fast``: the hybridized graph path (`steps._fast_step`: one graph with the kernels,
+      `ClipAdam`, the losses read once per epoch; a non-finite gradient norm raises
+      FloatingPointError at the epoch's end), its products in ``precision``
+      (`training.precision`); a model it cannot trace (`steps.traceable`) steps imperatively.
+    * ``size_threads``: OpenMP threads sized to the output layer's ``work`` (`_runtime.threads`;
+      default: each epoch's first batch's rows x ``output_width`` x vocabulary); False keeps
+      the process's count, whose rounding an exact run repeats.
+    * ``clip_per_token``: the mean loss's gradient clipped per token (fairseq's), not the sum's.
+    * ``ctx`` a list of devices or ``kvstore`` a dist kvstore: data parallel
+      (`steps._parallel_step`), the loss and tokens summed over the workers.
     """
     ctxs = list(ctx) if isinstance(ctx, (list, tuple)) else [ctx]
     if trainer is None:
         model.initialize(init.Xavier(), force_reinit=True, ctx=ctxs)
         trainer = make_trainer(model, lr, kvstore=kvstore)
     loss = loss or MaskedSoftmaxCELoss()
-    per_width = getattr(loss, "reduction", "book") == "book"  # the book's mean over positions
-    global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
     parallel = data_parallel(ctxs, kvstore)
     check_one_device(getattr(loss, "reduction", None), ctxs, kvstore)
     fast = fast and traceable(model)
     step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token,
                         precision)
-    width = size_threads and (output_width or output_layer_width(model.decoder))
-    history = []
-    health = getattr(step, "health", None)  # `ClipAdam.health` of a fast step, or None
-    num_batches = len(data_iter) if hasattr(data_iter, "__len__") else None
-    epoch_loss, ce_sum, num_tokens_sum, elapsed = float("nan"), 0.0, 0.0, float("nan")
-    for epoch in range(start_epoch, num_epochs + 1):
-        if epoch_seed is not None and epoch >= reseed_from:
-            mx.random.seed(epoch_seed + epoch)  # the in-graph random ops; NumPy's stream runs on
+    epoch = dict(parallel=parallel, per_width=getattr(loss, "reduction", "book") == "book",
+                 thread_width=size_threads and (output_width or output_layer_width(model.decoder)),
+                 work=work, on_batch=on_batch, report_every=report_every,
+                 num_batches=len(data_iter) if hasattr(data_iter, "__len__") else None)
+    global_sum = GlobalSum(kvstore, 3)  # (loss, cross-entropy, tokens) over workers
+    history, totals, elapsed = [], (float("nan"), 0.0, 0.0), float("nan")
+    for e in range(start_epoch, num_epochs + 1):
+        if epoch_seed is not None and e >= reseed_from:
+            mx.random.seed(epoch_seed + e)  # the in-graph random ops; NumPy's stream runs on
         tic = time.time()
-        *sums, done = _train_epoch(
-            model, data_iter, step, ctxs, epoch, parallel=parallel, per_width=per_width,
-            thread_width=width, work=work, on_batch=on_batch, report_every=report_every,
-            num_batches=num_batches)
-        loss_sum, ce_sum, num_tokens_sum = _epoch_totals(sums, health, global_sum, epoch, trainer)
+        *sums, done = _train_epoch(model, data_iter, step, ctxs, e, **epoch)
+        totals = _epoch_totals(sums, getattr(step, "health", None), global_sum, e, trainer)
         elapsed = time.time() - tic
-        epoch_loss = loss_sum / num_tokens_sum
         if on_batch is not None:
-            on_batch(epoch, done, (loss_sum, num_tokens_sum))
-        if epoch % 10 == 0:
-            history.append((epoch, epoch_loss))
-        if on_epoch is not None and on_epoch(epoch, epoch_loss) is True:
+            on_batch(e, done, (totals[0], totals[2]))
+        if e % 10 == 0:
+            history.append((e, totals[0] / totals[2]))
+        if on_epoch is not None and on_epoch(e, totals[0] / totals[2]) is True:
             break  # the caller stops here (early stopping)
+    return _summary(*totals, elapsed, ctxs, fast, num_epochs, history)
+
+
+def _summary(loss_sum, ce_sum, num_tokens, elapsed, ctxs, fast, num_epochs, history):
+    """What `train_s2s_ch8` returns, from its last epoch's sums (NaN before any epoch)."""
     return {
-        "loss": epoch_loss,
-        "loss_per_token": ce_sum / num_tokens_sum if num_tokens_sum else float("nan"),
-        "perplexity": math.exp(min(ce_sum / num_tokens_sum, 700)) if num_tokens_sum else float("nan"),
-        "tokens_per_sec": num_tokens_sum / elapsed if num_tokens_sum else 0.0,
+        "loss": loss_sum / num_tokens if num_tokens else float("nan"),
+        "loss_per_token": ce_sum / num_tokens if num_tokens else float("nan"),
+        "perplexity": math.exp(min(ce_sum / num_tokens, 700)) if num_tokens else float("nan"),
+        "tokens_per_sec": num_tokens / elapsed if num_tokens else 0.0,
         "ctx": ",".join(str(c) for c in ctxs),
         "fast": fast,
         "epochs": num_epochs,

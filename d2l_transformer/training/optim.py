@@ -6,7 +6,7 @@ import math
 import mxnet as mx
 from mxnet import gluon
 
-from .. import _gluon
+from .. import _gluon, kernels
 
 CLIP_THETA = 1  # the chapter's threshold: ``grad_clipping(model, 1)`` (9.3.7)
 
@@ -36,10 +36,11 @@ class ClipAdam:
     of the summed loss is scaled by ``theta / norm`` when its global norm exceeds theta, then
     Adam runs with ``rescale_grad = 1 / num_tokens``. Here the global norm is one
     ``multi_sum_sq`` over all gradients, the clip coefficient and ``1 / num_tokens`` become one
-    (1,) array on the device that is Adam's ``rescale_grad``, and all parameters are updated by
-    ``multi_adamw_update`` calls. No host sync. The trainer's own optimizer state, update counts
-    and learning-rate schedule are used, so ``trainer.save_states`` and a resumed run see the
-    same state as after ``trainer.step``.
+    (1,) array on the device that is Adam's ``rescale_grad``, and all parameters are updated in
+    one operator on a CPU (`kernels.adam`: ``multi_adamw_update``'s arithmetic bit for bit, a
+    contiguous pass per tensor), else by ``multi_adamw_update`` calls. No host sync. The
+    trainer's own optimizer state, update counts and learning-rate schedule are used, so
+    ``trainer.save_states`` and a resumed run see the same state as after ``trainer.step``.
 
     Weight decay: MXNet's Adam adds ``wd * weight`` to the rescaled gradient (L2), while
     ``multi_adamw_update`` decays the weight itself (AdamW). With ``wd == 0`` the two are the same
@@ -127,6 +128,9 @@ class ClipAdam:
                 for g, w, wd in zip(grads, weights, wds):
                     g[:] = mx.nd.broadcast_mul(g, rescale) + wd * w
                 rescale, wds = rescale * 0 + 1, [0.0] * len(wds)  # 1, or NaN to skip
+            if kernels.adam(weights[0].context, weights, grads, means, variances, rescale, lrs,
+                            wds, opt.beta1, opt.beta2, opt.epsilon):
+                continue  # one operator, the same arithmetic, a pass per tensor (CPU)
             for i in range(0, len(weights), self.MAX_FUSED):  # 64 parameters: 2 calls
                 part = slice(i, i + self.MAX_FUSED)
                 mx.nd.contrib.multi_adamw_update(

@@ -123,8 +123,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
             check_out_dir(out_dir, resume=resume, overwrite=overwrite)  # again, under the lock
         set_seed(seed)
         run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
-        run.precision, run.work = precision.settle(run.cfg, len(run.tgt_vocab), run.ctxs,
-                                                   fast=run.fast, log=run.log)  # pinned or not
+        run.precision, run.work = precision.settle(  # pinned or not; auto: measured
+            run.cfg, len(run.tgt_vocab), run.ctxs, fast=run.fast, log=run.log, seed=seed,
+            src_size=len(run.src_vocab), batches=run.train_iter, workers=run.num_workers)
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
         run.set_up_validation()
@@ -187,7 +188,7 @@ class _Run:
 
     def check_schedule(self):  # a warmup longer than the run warned of
         cfg, updates = self.cfg, len(self.train_iter) * self.cfg.num_epochs
-        if cfg.warmup_steps > updates:
+        if cfg.warmup_steps > updates:  # the learning rate would never reach cfg.lr
             print(f"warning: warmup_steps {cfg.warmup_steps} is longer than the whole run "
                   f"({len(self.train_iter)} batches x {cfg.num_epochs} epochs = {updates} updates): the "
                   f"learning rate never reaches lr {cfg.lr}; give e.g. --set "
@@ -393,7 +394,4 @@ class _Run:
 
     def say(self, line):
         """A line on the log, above the progress bar when there is one."""
-        if self.bar is not None:
-            self.bar.write(line)
-        else:
-            print(line, file=self.log)
+        self.bar.write(line) if self.bar is not None else print(line, file=self.log)
