@@ -22,8 +22,11 @@ from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
 from .steps import _fast_step
 
-WARMUP = 1  # untimed steps of each precision (tracing, first allocation)
-ROUNDS, MOST_ROUNDS, LEAST_SECONDS = 3, 15, 2.0  # timed: 3 rounds, more while a precision's
+# untimed steps of each precision: tracing, first allocation, and oneDNN's bfloat16 primitives,
+# whose steps settle at the fourth (the `hour` step on the Bible: 2.2, 0.71, 0.62, 0.78, then
+# 0.59-0.62 s; float32 0.81 s from the second: docs/benchmarks.md, "bfloat16")
+WARMUP = 3
+ROUNDS, MOST_ROUNDS, LEAST_SECONDS = 5, 15, 2.0  # timed: 5 rounds, more while a precision's
 # timed steps add up to less than 2 s (short steps: a burst of another job weighs less)
 RESERVED = 4  # the vocabularies' first ids: <unk>, <pad>, <bos>, <eos>
 # the config's fields that change the step's graph (the cache key names their values)
