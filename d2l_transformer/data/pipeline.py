@@ -35,8 +35,10 @@ def load_data(cfg, batch_size, data_path=None, *, rank=0, num_workers=1, fast=Fa
     (`corpus.read_heldout`)."""
     corpus = read_corpus(data_path, cfg.source_lang, cfg.target_lang)
     report = {"counts": dict(corpus.counts)}
-    if cfg.num_examples is not None and cfg.num_examples + 1 < len(corpus.sources):
-        report["counts"]["first"] = cfg.num_examples + 1  # d2l keeps lines 0..num_examples
+    used = None if cfg.num_examples is None else cfg.num_examples + 1 + (  # d2l: 0..num_examples
+        cfg.num_valid if cfg.edition == "1.0" else 0)  # 1.0: its validation pairs after them
+    if used is not None and used < len(corpus.sources):
+        report["counts"]["first"] = used
     if cfg.tokenizer == "word":  # the chapter's words are what lies between spaces: DataError
         problem = words_problem(corpus)
         if problem:
