@@ -110,14 +110,14 @@ class _Parsed(Exception):
     """Raised in place of parsing: carries the parser a script's ``main`` built."""
 
 
-_OPTIONS = {}  # script: its option strings, each script imported once
+_OPTIONS = {}  # script: its parser's options, each script imported once
 
 
 def _script_options(name, monkeypatch):
-    """The option strings of scripts/NAME.py's parser: its ``get_parser()``, or the one its
-    ``main(argv)`` builds (caught at ``parse_args``, before anything runs)."""
+    """``{option string: action}`` of scripts/NAME.py's parser: its ``get_parser()``'s, or the
+    one its ``main(argv)`` builds (caught at ``parse_args``, before anything runs)."""
     if name not in _OPTIONS:
-        _OPTIONS[name] = set(_load_options(name, monkeypatch))
+        _OPTIONS[name] = _load_options(name, monkeypatch)
     return _OPTIONS[name]
 
 
@@ -137,20 +137,31 @@ def _load_options(name, monkeypatch):
     return parsed.value.args[0]._option_string_actions
 
 
-def _script_flags(path):
-    """``(line, (script, [options written after it]))`` of each script a piece of code runs."""
+def _script_words(path):
+    """``(line, (script, [the words after it]))`` of each script a piece of code names."""
     for n, text in _code(path):
         for m in SCRIPT.finditer(text):
-            yield n, (m.group(1), FLAG.findall(END.split(text[m.end():])[0]))
+            yield n, (m.group(1), [w.strip("[]") for w in shlex.split(END.split(text[m.end():])[0])])
 
 
-@pytest.mark.parametrize("script", _items(_script_flags))
+def _placeholder(value):
+    """A value a synopsis names (``GROUP``, ``DIR``, ``...``), not one to check."""
+    return value.isupper() or "..." in value
+
+
+@pytest.mark.parametrize("script", _items(_script_words))
 def test_script_options(script, monkeypatch):
-    name, flags = script
+    """Each option written after a script is one of its parser's, spelled out; a value given
+    to an option with choices is one of them."""
+    name, words = script
     assert (ROOT / "scripts" / f"{name}.py").is_file(), f"no scripts/{name}.py"
-    if flags:
-        options = _script_options(name, monkeypatch)
-        assert not set(flags) - set(options), f"scripts/{name}.py has no {set(flags) - set(options)}"
+    for word, value in zip(words, words[1:] + [""]):
+        for flag in FLAG.findall(word) if word.startswith("-") else ():
+            options = _script_options(name, monkeypatch)
+            assert flag in options, f"scripts/{name}.py has no option {flag}"
+            choices = options[flag].choices
+            if choices and value and not value.startswith("-") and not _placeholder(value):
+                assert set(value.split("|")) <= set(choices), f"{flag} {value}: {choices}"
 
 
 def test_paths_exist():
