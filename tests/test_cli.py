@@ -337,16 +337,17 @@ def test_out_model_directory_resumed_or_replaced_on_request(model_dir, tmp_path,
 
 
 def test_the_packages_warnings_are_plain_lines(tmp_path):
-    """The console script prints the package's log lines as they are (``PATH: skipped ...``),
-    not with the logging module's prefix (``WARNING:d2l_transformer.data.sources:``):
+    """The console script prints the package's log lines as they are (``NAME: its name says
+    ...``), not with the logging module's prefix (``WARNING:d2l_transformer.data.languages:``):
     importing the package leaves the root logger unconfigured for the command line's own."""
-    pairs = [f"Go {i}.\tVa {i} !" for i in range(60)]
-    pairs[1] = "Hi.\t "  # an empty side: skipped, with a warning
-    data = tmp_path / "pairs.en-fr.tsv"
+    pairs = [f"Go {i}.\tGeh {i} !" for i in range(60)]
+    data = tmp_path / "pairs.en-fr.tsv"  # named French, read as German: a logged warning
     data.write_text("\n".join(pairs) + "\n", encoding="utf-8")
-    r = _console("train", "--data", str(data), "--preset", "tiny", "--epochs", "1", "--ctx",
-                 "cpu", "--quiet", "--out", str(tmp_path / "m"))
+    r = _console("train", "--data", str(data), "--source-lang", "en", "--target-lang", "de",
+                 "--preset", "tiny", "--epochs", "1", "--ctx", "cpu", "--quiet", "--out",
+                 str(tmp_path / "m"))
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert any(line.startswith(f"{data}: skipped 1 pair with an empty side") for line in lines)
+    assert "pairs.en-fr.tsv: its name says en and fr; read as en to de, as --source-lang and " \
+        "--target-lang say (the first column is the source)" in lines
     assert not [line for line in lines if line.startswith(("WARNING:", "INFO:"))]

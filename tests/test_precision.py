@@ -191,17 +191,18 @@ def test_a_bfloat16_step_is_close_to_the_float32_step_and_keeps_float32_state():
     assert max(abs(a - b) for a, b in zip(f32["weight"], bf16["weight"])) < 1e-3
 
 
-@pytest.mark.parametrize("step_seconds, rounds", [(1.0, 3), (0.5, 4), (0.01, 15)])
+@pytest.mark.parametrize("step_seconds, rounds", [(1.0, 5), (0.3, 7), (0.01, 15)])
 def test_the_probe_times_short_steps_more_often(monkeypatch, step_seconds, rounds):
-    """Three timed rounds, more while a precision's steps add up to less than 2 s (at most
-    15), after one warm-up, the precisions alternated."""
+    """Five timed rounds, more while a precision's steps add up to less than 2 s (at most
+    15), after three untimed steps each, the precisions alternated."""
     from d2l_transformer.training import probe
     order = []
     monkeypatch.setattr(probe, "training_step", lambda cfg, src, tgt, name: name)
     monkeypatch.setattr(probe, "timed", lambda step, batch: order.append(step) or step_seconds)
     seconds = probe.time_steps(d2t.TINY, 40, 40, (4, 5, 6))
     assert {k: len(v) for k, v in seconds.items()} == {"float32": rounds, "bfloat16": rounds}
-    assert order[:6] == ["float32", "bfloat16"] * 2 + ["bfloat16", "float32"]
+    assert order[:10] == ["float32", "bfloat16"] * 4 + ["bfloat16", "float32"]
+    assert len(order) == 2 * (3 + rounds)
 
 
 def test_auto_measures_one_process_on_one_device_only(monkeypatch):
