@@ -62,7 +62,7 @@ class TransformerConfig:
     # data.lengths); False for model directories written before, split from the pairs as read
     clean: bool = True
     # a translation's most tokens: length_ratio x its source's + 10 (inference.limits); 0: set by
-    length_ratio: float = 0.0  # the training run from its training part (data.lengths)
+    length_ratio: float = 0.0  # the run from its training part (data.lengths); none: 0, read as 1
     # the languages, translated from source_lang to target_lang (codes: docs/data.md); None:
     # from the data's file names, the first column to the second (fra-eng.zip: en to fr)
     source_lang: Optional[str] = None

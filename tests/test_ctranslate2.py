@@ -149,8 +149,8 @@ def test_greedy_equals_the_translator_token_for_token(trained):
                                 num_steps=t["cfg"].num_steps)
     ours = [h.tokens for h in translator.translate(t["sentences"])]
     theirs = ct2_translate(t["out"], t["sentences"], t["cfg"])
-    assert len(ours) == 200 and len({tuple(o) for o in ours}) > 20  # a model that translates
-    assert sum(a == b for a, b in zip(ours, theirs)) == 200
+    assert len(ours) == len(t["sentences"]) and len({tuple(o) for o in ours}) > 20  # it translates
+    assert ours == theirs
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_beam_without_length_penalty_equal_where_the_searches_agree(trained):
     ours = [h.tokens for h in translator.translate(t["sentences"], beam_size=4, alpha=0.0)]
     theirs = ct2_translate(t["out"], t["sentences"], t["cfg"], beam=4)
     differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
-    assert len(differ) <= 200 * 0.03, differ
+    assert len(differ) <= len(ours) * 0.03, differ
     for i in differ:
         s = t["sentences"][i]
         p_ours = our_log_probs(t["model"], t["src_vocab"], t["tgt_vocab"], s, ours[i]).sum()

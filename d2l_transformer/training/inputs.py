@@ -55,7 +55,7 @@ def load_inputs(cfg, batch_size, data_path, heldout, *, resume_dir=None, init_fr
     lengths = data.report.get("lengths")
     cfg = cfg.replace(source_lang=corpus.source_lang, target_lang=corpus.target_lang,
                       num_steps=lengths["limit"] if lengths else cfg.num_steps,
-                      length_ratio=cfg.length_ratio or (lengths["length_ratio"] if lengths else 1.0))
+                      length_ratio=cfg.length_ratio or (lengths["length_ratio"] if lengths else 0.0))
     say(format_counts(data.report["counts"]))
     if lengths:
         before = lengths["pairs"] + lengths["over_limit"] + lengths["bad_ratio"]
