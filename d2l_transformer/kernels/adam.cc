@@ -114,18 +114,6 @@ MXReturnValue parse_attrs(const d2t::Attrs& attrs, int* num_in, int* num_out) {
   return MX_SUCCESS;
 }
 
-MXReturnValue infer_type(const d2t::Attrs& attrs, std::vector<int>* in_types,
-                         std::vector<int>* out_types) {
-  for (int t : *in_types) {
-    if (t != kFloat32) {
-      MX_ERROR_MSG << "d2t_adam: float32 only";
-      return MX_FAIL;
-    }
-  }
-  (*out_types)[0] = kFloat32;
-  return MX_SUCCESS;
-}
-
 MXReturnValue infer_shape(const d2t::Attrs& attrs,
                           std::vector<std::vector<unsigned int>>* in_shapes,
                           std::vector<std::vector<unsigned int>>* out_shapes) {
@@ -157,6 +145,6 @@ MXReturnValue mutate_inputs(const d2t::Attrs& attrs, std::vector<int>* input_ind
 REGISTER_OP(d2t_adam)
 .setForward(forward, "cpu")
 .setParseAttrs(parse_attrs)
-.setInferType(infer_type)
+.setInferType(d2t::float32_only)
 .setInferShape(infer_shape)
 .setMutateInputs(mutate_inputs);

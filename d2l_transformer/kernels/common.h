@@ -86,15 +86,31 @@ MXReturnValue parse_attrs(const Attrs& attrs, int* num_in, int* num_out) {
   return mxnet::ext::MX_SUCCESS;
 }
 
-// Every input float32 (the model's dtype); the output float32 and, with dropout, the keep
-// mask uint8 (the attention and add & norm operators).
+// Whether every type is float32 (the model's dtype): each operator's inputs.
+inline bool all_float32(const std::vector<int>& types) {
+  for (int t : types)
+    if (t != mxnet::ext::kFloat32) return false;
+  return true;
+}
+
+// Every input float32; every output float32 (the Adam update, the softmax cross-entropy).
+inline MXReturnValue float32_only(const Attrs& attrs, std::vector<int>* in_types,
+                                  std::vector<int>* out_types) {
+  if (!all_float32(*in_types)) {
+    MX_ERROR_MSG << "d2l_transformer kernels: float32 inputs only";
+    return mxnet::ext::MX_FAIL;
+  }
+  std::fill(out_types->begin(), out_types->end(), mxnet::ext::kFloat32);
+  return mxnet::ext::MX_SUCCESS;
+}
+
+// Every input float32; the output float32 and, with dropout, the keep mask uint8 (the
+// attention and add & norm operators).
 inline MXReturnValue float32_and_keep(const Attrs& attrs, std::vector<int>* in_types,
                                       std::vector<int>* out_types) {
-  for (int t : *in_types) {
-    if (t != mxnet::ext::kFloat32) {
-      MX_ERROR_MSG << "d2l_transformer kernels: float32 inputs only";
-      return mxnet::ext::MX_FAIL;
-    }
+  if (!all_float32(*in_types)) {
+    MX_ERROR_MSG << "d2l_transformer kernels: float32 inputs only";
+    return mxnet::ext::MX_FAIL;
   }
   (*out_types)[0] = mxnet::ext::kFloat32;
   if (out_types->size() == 2) (*out_types)[1] = mxnet::ext::kUint8;

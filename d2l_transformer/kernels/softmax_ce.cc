@@ -114,18 +114,6 @@ MXReturnValue parse_attrs(const d2t::Attrs& attrs, int* num_in, int* num_out) {
   return MX_SUCCESS;
 }
 
-MXReturnValue infer_type(const d2t::Attrs& attrs, std::vector<int>* in_types,
-                         std::vector<int>* out_types) {
-  for (int t : *in_types) {
-    if (t != kFloat32) {
-      MX_ERROR_MSG << "d2t softmax cross-entropy: float32 inputs only";
-      return MX_FAIL;
-    }
-  }
-  (*out_types)[0] = (*out_types)[1] = kFloat32;
-  return MX_SUCCESS;
-}
-
 MXReturnValue infer_shape(const d2t::Attrs& attrs,
                           std::vector<std::vector<unsigned int>>* in_shapes,
                           std::vector<std::vector<unsigned int>>* out_shapes) {
@@ -147,5 +135,5 @@ REGISTER_OP(d2t_softmax_ce)
 .setForward(forward, "cpu")
 .setBackward(backward, "cpu")
 .setParseAttrs(parse_attrs)
-.setInferType(infer_type)
+.setInferType(d2t::float32_only)
 .setInferShape(infer_shape);
