@@ -130,8 +130,7 @@ def test_read_pairs_numbers_lines_as_tokenize_nmt(tmp_path):
 @pytest.mark.parametrize("tokenizer", ["word", "subword"])
 def test_load_data_split(tokenizer):
     data = load_data_split(16, 12, 599, 2, 60, 60, 4, tokenizer=tokenizer, vocab_size=500)
-    # at most a tenth each: fra.txt's first 600 pairs form groups of up to 7 pairs (the same
-    # sentences, translated several ways), which fill 59 of 60 places
+    # at most a tenth each: fra.txt's first 600 pairs are 596 without their 4 duplicates
     assert (len(data.valid.source), len(data.test.source)) == (59, 59)
     assert data.tokenizer.kind == tokenizer
     X, X_vlen, Y, Y_vlen = next(iter(data.train_iter))
