@@ -240,7 +240,7 @@ def test_full_preset_tiny_slice(tmp_path, capsys):
                      "--ctx", "cpu", "--quiet", "--out", out]) == 0
     assert cli.main(["evaluate", "--model", out, "--max-sentences", "10", "--beam", "2"]) == 0
     text = capsys.readouterr().out
-    assert "valid (10 of 59)" in text and "test (10 of 59)" in text  # a tenth of 599 after cleaning
+    assert "valid (10 of 59)" in text and "test (10 of 59)" in text  # a tenth, after cleaning
 
 
 def test_console_script_no_traceback(tmp_path):
