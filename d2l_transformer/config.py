@@ -204,7 +204,7 @@ class TransformerConfig:
             raise ValueError(f"config has unknown fields: {', '.join(unknown)}")
         data.setdefault("split_by", "pair")  # written before held-out sources: a split of pairs
         data.setdefault("clean", False)  # written before cleaning: the parts of the pairs as read
-        data.setdefault("length_ratio", 1.0)  # before it: a translation has source + 10 tokens
+        data.setdefault("length_ratio", 0.0)  # before it: max(num_steps, source + 10) tokens
         data.setdefault("source_lang", "en")  # written before languages: English to French
         data.setdefault("target_lang", "fr")
         return cls(**data)

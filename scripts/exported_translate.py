@@ -10,14 +10,16 @@ output line is its translation's tokens. Imports only mxnet, numpy and the stand
 a reference for programs that serve the exported graphs (docs/export.md). It decodes as the
 package's translator does, by the rules the export's manifest carries (``decoding``, written
 from the package's own): sources padded to max(num_steps, longest) of their batch, sentences
-sorted by length into batches, at most max(num_steps, source length + extra_length) tokens
-each, never one of the banned tokens.
+sorted by length into batches, at most min(num_steps, ceil(length_ratio x source length) +
+extra_length) tokens each (length_ratio 0: max(num_steps, source length + extra_length)), never
+one of the banned tokens.
 """
 
 import argparse
 import builtins
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -72,6 +74,16 @@ def words(line, rule):
     return re.sub(rule["space_before"], r" \1", line).split() + rule["source_end"]
 
 
+def limit(manifest, length):
+    """The most tokens of a translation of a `length`-token source (the package's
+    ``limits.decode_limit``, by the manifest's ``decoding``)."""
+    rules, num_steps = manifest["decoding"], manifest["decoding"]["num_steps"]
+    ratio, extra = rules.get("length_ratio", 0.0), rules["extra_length"]
+    most = (min(num_steps, math.ceil(ratio * length) + extra) if ratio
+            else max(num_steps, length + extra))
+    return min(most, manifest["model"]["max_positions"])
+
+
 def translate(batch, manifest, encoder, step, max_length, ctx):
     """Greedy decoding of a batch of id lists; returns the target ids of each."""
     pad, bos = manifest["special_tokens"]["<pad>"], manifest["target_special_tokens"]["<bos>"]
@@ -81,10 +93,8 @@ def translate(batch, manifest, encoder, step, max_length, ctx):
     X = np.array([ids + [pad] * (width - len(ids)) for ids in batch], ctx=ctx)  # (B, width)
     valid = np.array([len(ids) for ids in batch], ctx=ctx)  # (B,)
     enc = encoder(X, valid)  # keys, values of each block: (B, width, hidden)
-    extra = manifest["decoding"]["extra_length"]
     banned = [manifest["target_special_tokens"][t] for t in manifest["decoding"]["banned"]]
-    limits = [max_length or min(max(num_steps, len(ids) + extra),
-                                manifest["model"]["max_positions"]) for ids in batch]
+    limits = [max_length or limit(manifest, len(ids)) for ids in batch]
     empty = np.zeros((len(batch), max(limits), hidden), ctx=ctx)  # the self caches at start
     caches = []
     for i in range(0, len(enc), 2):

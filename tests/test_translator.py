@@ -19,7 +19,7 @@ from d2l_transformer.data import WordTokenizer, heldout_nmt
 from d2l_transformer.inference import step as step_module
 from d2l_transformer.inference import translator as translator_module
 from d2l_transformer.inference.engines import MXNetEngine, no_unk_for, translator_options
-from d2l_transformer.inference.limits import ExactChapterError
+from d2l_transformer.inference.limits import ExactChapterError, decode_limit
 from d2l_transformer.inference.translator import Translator, length_penalty
 
 CTX = mx.cpu()
@@ -227,6 +227,31 @@ def test_length_limits_and_bad_arguments(setup):
     assert chapter == [d2t.predict_s2s_ch8(exact, " ".join(s), src_vocab, tgt_vocab,
                                            CFG.num_steps, CTX).split() for s in sentences[:2]]
     assert free.translate([]) == []
+
+
+def test_a_short_source_of_a_long_segment_model_cannot_run_on(setup):
+    """A model whose lengths were measured on long segments (a 170-token limit, a ratio of
+    2.4, as the Bible's English to French) gives a 2-token source at most ceil(2.4 x 2) + 10
+    = 15 tokens, even when it never emits <eos>: the data's limit is a ceiling, not a floor.
+    The chapter's rule (ratio 0) is unchanged: max(num_steps, source + 10)."""
+    models, src_vocab, tgt_vocab, _ = setup
+    model = models["untrained"]
+    assert decode_limit(170, 2, 1000, 2.4) == 15 and decode_limit(170, 100, 1000, 2.4) == 170
+    assert decode_limit(170, 100, 150, 2.4) == 150 and decode_limit(10, 3, None, 0.0) == 13
+    bias = model.decoder.dense.bias
+    saved = bias.data().copy()
+    try:
+        never = saved.asnumpy()
+        never[tgt_vocab["<eos>"]] = -1e9  # (vocab,): <eos> is never the best token
+        bias.set_data(np.array(never, ctx=CTX))
+        long = Translator(model, src_vocab, tgt_vocab, CTX, num_steps=170, length_ratio=2.4)
+        for beam_size in (1, 3):
+            hyps = long.translate([["go", "."], ["i", "lost", "."]], beam_size)
+            assert [len(h.tokens) for h in hyps] == [15, 18]  # ceil(2.4 x 3) + 10 = 18
+        chapter = Translator(model, src_vocab, tgt_vocab, CTX, num_steps=10)
+        assert [len(h.tokens) for h in chapter.translate([["go", "."]])] == [12]
+    finally:
+        bias.set_data(saved)
 
 
 def test_encoder_never_truncates_and_pads_to_num_steps(setup):

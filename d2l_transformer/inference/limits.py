@@ -25,7 +25,7 @@ from collections import Counter
 from ..data.corpus import MAX_CHARS  # characters per sentence: the translator's and the corpus's
 
 BANNED = ("<pad>", "<bos>")  # target tokens a translation never contains (and <unk> on request)
-EXTRA_LENGTH = 10  # a translation may have max(num_steps, ratio x its source's length + 10) tokens
+EXTRA_LENGTH = 10  # a translation may have ratio x its source's length + 10 tokens (`decode_limit`)
 MAX_TOKENS = 200  # tokens per sentence (and never more than the model's positions): the
 # training sentences of fra-eng have at most ~60, so longer inputs are mistakes or attacks
 SHOWN = 5  # refusals reported one by one; the rest are counted by reason (`refusal_report`)
@@ -202,11 +202,19 @@ def source_positions(model):
     return MAX_TOKENS if encoding is None else encoding.P.shape[1]
 
 
-def decode_limit(num_steps, source_length, max_positions=None, length_ratio=1.0):
-    """The most tokens a translation of a `source_length`-token source may have:
-    max(`num_steps`, ceil(`length_ratio` x `source_length`) + `EXTRA_LENGTH`), and never more
-    than the model's target `max_positions` (None: no such cap). `length_ratio`: the model's
-    (``cfg.length_ratio``, what its training part's target/source lengths reach,
-    `data.lengths.length_ratio`; 1 for a model trained before, 0 read as 1)."""
-    limit = max(num_steps, math.ceil((length_ratio or 1.0) * source_length) + EXTRA_LENGTH)
+def decode_limit(num_steps, source_length, max_positions=None, length_ratio=0.0):
+    """The most tokens a translation of a `source_length`-token source may have, never more
+    than the model's target `max_positions` (None: no such cap). Two rules, by where the
+    model's lengths come from:
+
+    * ``length_ratio > 0`` (measured on the model's training part, `data.lengths`):
+      ceil(`length_ratio` x `source_length`) + `EXTRA_LENGTH`, and at most `num_steps` (the
+      data's limit, a ceiling, never a floor): a short source gets a short translation;
+    * ``length_ratio == 0`` (the chapter's pipeline, which measures no lengths):
+      max(`num_steps`, `source_length` + `EXTRA_LENGTH`), the rule the book table was made
+      with."""
+    if length_ratio:
+        limit = min(num_steps, math.ceil(length_ratio * source_length) + EXTRA_LENGTH)
+    else:
+        limit = max(num_steps, source_length + EXTRA_LENGTH)
     return limit if max_positions is None else min(limit, max_positions)

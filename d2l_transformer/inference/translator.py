@@ -235,7 +235,8 @@ class Translator:
 
     `num_steps`: the narrowest source encoding (``pad_to_num_steps=False``: each batch's
     longest source, as CTranslate2 pads; the same tokens, less work), and the fewest tokens a
-    translation may reach (0: a config whose training had yet to decide it); `max_length`: the
+    translation may reach with ``length_ratio`` 0, the most with a measured one
+    (`limits.decode_limit`); `max_length`: the
     most tokens of a translation (None: `limits.decode_limit` per sentence, with the model's
     `length_ratio`); `batch_size` sentences
     are decoded together. The graphs (source side, step, attention pass) are built once per
@@ -246,7 +247,7 @@ class Translator:
 
     def __init__(self, model, src_vocab, tgt_vocab, ctx, *, num_steps=10, max_length=None,
                  batch_size=64, no_unk=False, suppress=True, pad_to_num_steps=True,
-                 length_ratio=1.0):
+                 length_ratio=0.0):
         require_corrected(model.decoder, "the translator")
         if batch_size < 1 or num_steps < 0 or (max_length is not None and max_length < 1):
             raise ValueError("batch_size and max_length must be at least 1, num_steps at least 0")

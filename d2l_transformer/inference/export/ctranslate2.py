@@ -291,7 +291,7 @@ def snippet(manifest, directory="."):
     return head + "\n" + _TRANSLATE.format(
         options=options, decode=decode,
         limit=limit_text(decoding["num_steps"], "max(map(len, tokens))",
-                         decoding.get("length_ratio", 1.0)))
+                         decoding.get("length_ratio", 0.0)))
 
 
 def readme(manifest, directory="."):
@@ -307,7 +307,7 @@ def readme(manifest, directory="."):
         unit="sentencepiece pieces" if subword else "words", source=manifest["tokens"]["source"])
     decoding = manifest["decoding"]
     options = _OPTIONS.format(limit=limit_text(decoding["num_steps"], "its length",
-                                               decoding.get("length_ratio", 1.0)))
+                                               decoding.get("length_ratio", 0.0)))
     fill = functools.partial(textwrap.fill, width=95, break_on_hyphens=False)
     return (f"# A d2l_transformer model for CTranslate2\n\n{fill(intro)}\n\n```python\n"
             f"{snippet(manifest, directory)}\n```\n\n{fill(options)}\n")

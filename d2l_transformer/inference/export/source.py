@@ -76,18 +76,19 @@ def copy_file(src, dst):
 
 def decoding_rules(cfg):
     """The package's decoding rules for a model of `cfg`, as data for the manifests
-    (`inference.limits`): a translation has at most max(num_steps, ceil(``length_ratio`` x
-    source tokens) + ``extra_length``) tokens and never one of ``banned``."""
-    return {"extra_length": EXTRA_LENGTH, "length_ratio": cfg.length_ratio or 1.0,
+    (`inference.limits`): a translation has at most min(num_steps, ceil(``length_ratio`` x
+    source tokens) + ``extra_length``) tokens (``length_ratio`` 0: max(num_steps, source
+    tokens + ``extra_length``)) and never one of ``banned``."""
+    return {"extra_length": EXTRA_LENGTH, "length_ratio": cfg.length_ratio,
             "banned": list(BANNED)}
 
 
-def limit_text(num_steps, length, length_ratio=1.0):
+def limit_text(num_steps, length, length_ratio=0.0):
     """`limits.decode_limit` written out for a source of `length` tokens (a phrase, or a Python
     expression: the CTranslate2 README's snippet evaluates it)."""
-    if (length_ratio or 1.0) == 1.0:
+    if not length_ratio:
         return f"max({num_steps}, {length} + {EXTRA_LENGTH})"
-    return f"max({num_steps}, math.ceil({length_ratio} * {length}) + {EXTRA_LENGTH})"
+    return f"min({num_steps}, math.ceil({length_ratio} * {length}) + {EXTRA_LENGTH})"
 
 
 def describe_words(rule):
