@@ -217,6 +217,35 @@ def test_fast_loop_with_progress_bar_reads_the_device_once_per_report(data, monk
     assert counts[False, False] >= epochs * len(batches), counts  # the imperative loop: per batch
 
 
+def test_batches_by_length_train_a_dynamic_graph_to_the_same_numbers(data):
+    """Batches by length (`BucketBatches`, many shapes) train a graph that plans its buffers
+    per call, and batches of one shape a static one (`steps.static_batches`, the one rule);
+    over batches whose shape changes at every step, both give the same losses and weights,
+    bit for bit: the switch changes memory, not numbers."""
+    src_vocab, tgt_vocab, it = data
+    pairs = [(list(X[i, :int(Xl[i])].asnumpy().astype(int)),
+              list(Y[i, :int(Yl[i])].asnumpy().astype(int))) for X, Xl, Y, Yl in it
+             for i in range(X.shape[0])]
+    buckets = d2t.data.BucketBatches([s for s, _ in pairs], [t for _, t in pairs], 16, 4,
+                                     src_vocab["<pad>"], tgt_vocab["<pad>"])
+    assert len(buckets.shapes) > 2 and not d2t.training.steps.static_batches(buckets)
+    assert d2t.training.steps.static_batches(it)
+    onp.random.seed(0)
+    batches = list(buckets)  # one epoch
+    assert len({b[0].shape for b in batches}) > 2
+    runs = []
+    for static in (True, False):
+        model = _model(src_vocab, tgt_vocab)
+        trainer = gluon.Trainer(model.collect_params(), "adam", {"learning_rate": 0.005})
+        step = d2t.training.steps._fast_step(model, trainer, d2t.MaskedSoftmaxCELoss(),
+                                             static=static)
+        losses = [float(step(X, Xl, Y[:, :-1], Y[:, 1:], Yl - 1)[0]) for X, Xl, Y, Yl in batches]
+        weights = model.decoder.dense.weight.data().asnumpy()
+        runs.append((losses, weights))
+    assert runs[0][0] == runs[1][0]
+    assert onp.array_equal(runs[0][1], runs[1][1])
+
+
 def test_cached_uncached_batched_greedy_identical(data):
     """The translator's batched greedy decoding (one key/value-cache step graph) == each
     sentence alone (`predict_s2s_ch8`) == the chapter's state re-projecting its cached inputs ==

@@ -12,7 +12,14 @@ from .._runtime import threads as _threads
 from ..distributed.kvstore import GlobalSum, is_distributed
 from .loss import MaskedSoftmaxCELoss
 from .optim import make_trainer
-from .steps import _fast_step, _imperative_step, _parallel_step, output_layer_width, traceable
+from .steps import (
+    _fast_step,
+    _imperative_step,
+    _parallel_step,
+    output_layer_width,
+    static_batches,
+    traceable,
+)
 
 
 def set_seed(seed):
@@ -94,7 +101,7 @@ def train_s2s_ch8(model, data_iter, lr, num_epochs, ctx, on_epoch=None, *, train
     check_one_device(getattr(loss, "reduction", None), ctxs, kvstore)
     fast = fast and traceable(model)
     step = _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token,
-                        precision)
+                        precision, static_batches(data_iter))
     epoch = dict(parallel=parallel, per_width=getattr(loss, "reduction", "book") == "book",
                  thread_width=size_threads and (output_width or output_layer_width(model.decoder)),
                  work=work, on_batch=on_batch, report_every=report_every,
@@ -132,15 +139,16 @@ def _summary(loss_sum, ce_sum, num_tokens, elapsed, ctxs, fast, num_epochs, hist
 
 
 def _choose_step(model, trainer, loss, ctxs, parallel, fast, kvstore, clip_per_token,
-                 precision="float32"):
+                 precision="float32", static=True):
     """The step of one batch, chosen once: `_parallel_step` on several devices or workers,
-    `_fast_step` (the graph) on one, else the chapter's imperative step. Each returns the
-    batch's summed loss and its number of tokens (device arrays on the fast path)."""
+    `_fast_step` (the graph, static for batches of one shape: `steps.static_batches`) on one,
+    else the chapter's imperative step. Each returns the batch's summed loss and its number of
+    tokens (device arrays on the fast path)."""
     if parallel:
         return _parallel_step(model, trainer, loss, ctxs, fast, GlobalSum(kvstore, 1),
-                              clip_per_token, precision)
+                              clip_per_token, precision, static)
     if fast:
-        return _fast_step(model, trainer, loss, clip_per_token, precision)
+        return _fast_step(model, trainer, loss, clip_per_token, precision, static)
     return _imperative_step(model, trainer, loss, clip_per_token)
 
 

@@ -69,23 +69,37 @@ def _imperative_step(model, trainer, loss, clip_per_token=False):
     return step
 
 
-def _graph(model, loss, precision="float32"):
+def _graph(model, loss, precision="float32", static=True):
     """The hybridized `TrainGraph` with the kernels in place (`fused.FastGraph`; its products
     in `precision`, `training.precision`), traced again when a block in it changes (`_graphs`:
-    DropHead rate, pruning). The step that calls it is its only holder: dropping the step frees
-    the graph, its copy and their buffers."""
+    DropHead rate, pruning). ``static``: its buffers planned once and kept
+    (``static_alloc``/``static_shape``), for batches of one shape (`static_batches`). The step
+    that calls it is its only holder: dropping the step frees the graph, its copy and their
+    buffers."""
     graph = _graphs.track(TrainGraph(model, loss))
-    graph.hybridize(static_alloc=True, static_shape=True)
+    graph.hybridize(static_alloc=static, static_shape=static)
     return fused.FastGraph(graph, precision)
 
 
-def _fast_step(model, trainer, loss, clip_per_token=False, precision="float32"):
+def static_batches(data_iter):
+    """Whether a graph fed `data_iter` keeps its buffers (`_graph`'s ``static``): the one rule.
+    Yes for batches of one shape (the chapter's arrays padded to ``num_steps``; a last smaller
+    batch re-plans once an epoch); no for batches by length (`data.BucketBatches`, with its
+    ``shapes``), shuffled across buckets: the shape changes at nearly every step, so a static
+    graph plans its buffers again at every step anyway and only keeps the largest shape's
+    beside the allocator's (docs/data.md, "Memory": 1.72 GB against 2.46 on the Bible, at the
+    same CPU time)."""
+    return len(getattr(data_iter, "shapes", ())) <= 2
+
+
+def _fast_step(model, trainer, loss, clip_per_token=False, precision="float32", static=True):
     """The fast path's train step: one hybridized graph, `ClipAdam` (or one-pass
     clipping + ``trainer.step`` where it does not apply); loss and token count stay on the
     device. Same signature and meaning as the faithful step in `train_s2s_ch8`; ``precision``:
-    the graph's products' (`fused.FastGraph`, `training.precision`). The graph is
-    traced again when a block in it changes (`_graphs`: DropHead rate, pruning, kernels)."""
-    graph = _graph(model, loss, precision)
+    the graph's products' (`fused.FastGraph`, `training.precision`); ``static``: `_graph`'s.
+    The graph is traced again when a block in it changes (`_graphs`: DropHead rate, pruning,
+    kernels)."""
+    graph = _graph(model, loss, precision, static)
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first step's deferred initialisation
 
@@ -111,7 +125,7 @@ def _fast_step(model, trainer, loss, clip_per_token=False, precision="float32"):
 
 
 def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_token=False,
-                   precision="float32"):
+                   precision="float32", static=True):
     """Data parallelism: the same step as on one device, on several at once.
 
     The batch is split across ``ctxs`` (`gluon.utils.split_and_load`); every device runs the
@@ -126,7 +140,7 @@ def _parallel_step(model, trainer, loss, ctxs, fast, global_tokens, clip_per_tok
     params = [p for p in model.collect_params().values() if p.grad_req != "null"]
     update = []  # the ClipAdam, built after the first allreduce (the kvstore exists then)
     if fast:
-        graph = _graph(model, loss, precision)
+        graph = _graph(model, loss, precision, static)
     else:
         def graph(X, X_vlen, Y_input, Y_label, Y_vlen):
             return loss(model(X, Y_input, X_vlen, Y_vlen)[0], Y_label, Y_vlen)
