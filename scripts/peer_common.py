@@ -329,7 +329,8 @@ def curve_settings(args, toolkit, **extra):
     return {"toolkit": toolkit, "direction": f"{args.src_lang}-{args.tgt_lang}",
             "beam": args.beam, "threads": args.threads, "vocab_size": args.vocab_size,
             "joint": args.joint, "steps": args.steps, "minutes_budget": args.minutes,
-            "save_every": args.save_every, "test_lines": args.test_lines, **extra}
+            "save_every": args.save_every, "test_lines": args.test_lines,
+            "tokens_per_sec_counts": "real source+target tokens a second of training", **extra}
 
 
 def dump(results, path):

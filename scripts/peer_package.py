@@ -138,7 +138,7 @@ def main(argv=None):
     settings = {"toolkit": "d2l_transformer", "direction": f"{args.src_lang}-{args.tgt_lang}",
                 "beam": args.beam, "threads": args.threads, "preset": args.preset,
                 "set": args.set, "test_lines": args.test_lines,
-                "tokens_per_sec": "real target tokens a second, the last epoch"}
+                "tokens_per_sec_counts": "real target tokens a second, the last epoch"}
     rows = []
     for model in models:
         name = os.path.basename(os.path.normpath(model))

@@ -67,7 +67,14 @@ TOKENS = re.compile(r"Tokens: source (\d+) target (\d+)")
 BUCKET = re.compile(r"Bucket \([^)]*\): \d+ samples in (\d+) batches of")
 TRAINING_DATA, VALIDATION_DATA = "Creating training data iterator", "Creating validation data iterator"
 CHECKPOINT = re.compile(r"params\.(\d{5})")
+UPDATES = re.compile(r"Checkpoint \[(\d+)\]\s+Updates=(\d+)")
 VALID = re.compile(r"Checkpoint \[(\d+)\]\s+Validation-(\S+)=([\d.]+)")
+
+
+def read_log(args):
+    """Sockeye's log file (WORK/model/log): the console's lines with their times."""
+    with open(os.path.join(args.work, "model", "log"), encoding="utf-8") as f:
+        return f.read()
 
 
 def get_parser():
@@ -131,7 +138,7 @@ def main(argv=None):
     if args.calibrate:
         return pc.calibration(args, results, pc.throughput(reports, started), rss)
     found = sorted((int(m[1]), W("model", f)) for f in os.listdir(W("model"))
-                   if (m := CHECKPOINT.fullmatch(f)))
+                   if (m := CHECKPOINT.fullmatch(f)) and int(m[1]) > 0)  # 0: the initialisation
     model, checkpoint = average(args, r, found, results)
     hyp_sp, results["translate_seconds"] = translate(args, r, paths, model, checkpoint,
                                                      "test.hyp", "translate.log")
@@ -158,9 +165,7 @@ def train_model(args, r, paths, results):
     log_text, train_seconds, rss = r.run(argv, log=os.path.join(args.work, "train.log"),
                                          capture=True, echo=echo, time_limit=args.calibrate)
     started = r.started
-    with open(os.path.join(args.work, "model", "log"), encoding="utf-8") as f:
-        file_log = f.read()  # the same lines with their times
-    reports = parse_reports(file_log)
+    reports = parse_reports(read_log(args))
     results.update(train_seconds=round(train_seconds, 1), peak_rss_train_mib=round(rss, 1),
                    steps=args.steps or (reports[-1][0] if reports else 0),
                    throughput=pc.throughput(reports, started))
@@ -209,8 +214,7 @@ def curve(args, r, paths, spm, found, reports, started, rss, results):
     startup = (results["throughput"] or {}).get("startup_seconds")
     settings = pc.curve_settings(args, "Sockeye", batch_tokens=args.batch_tokens)
     rows, model = [], os.path.join(args.work, "model")
-    updates = {int(c): int(u) for c, u in
-               re.findall(r"Checkpoint \[(\d+)\]\s+Updates=(\d+)", open(os.path.join(model, "log")).read())}
+    updates = {int(c): int(u) for c, u in UPDATES.findall(read_log(args))}
     for number, path in found:
         name = os.path.join("curve", f"checkpoint_{number}")
         hyp_sp, _ = translate(args, r, paths, model, number, name, name + ".log")
