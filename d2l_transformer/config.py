@@ -54,10 +54,11 @@ class TransformerConfig:
     loss_reduction: str = "book"  # "book": each sentence's loss averaged over the padded width
     # (d2l; the book's loss); "token": summed over the real tokens, so the gradient and the
     # reported cross-entropy do not depend on how a batch was padded (MaskedSoftmaxCELoss)
-    # num_valid/num_test hold out "group"s of pairs sharing a source or a target sentence
-    # (data.split), or "source" sentences, or random "pair"s (how model directories written
-    # before were split: they keep being evaluated on their own parts)
-    split_by: str = "group"
+    # num_valid/num_test hold out groups of pairs sharing a source or a target sentence,
+    # compared "folded" (data.keys: case, punctuation, apostrophes, Unicode forms folded), or
+    # as d2l's "group"s, or "source" sentences, or random "pair"s (how model directories
+    # written before were split: they keep being evaluated on their own parts)
+    split_by: str = "folded"
     # drop (and count) exact duplicates, sides over 1,000 characters, misaligned pairs (data.corpus,
     # data.lengths); False for model directories written before, split from the pairs as read
     clean: bool = True
@@ -218,7 +219,7 @@ VARIANTS = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0
 _CHOICES = {"norm": ("layer", "scale", "batch", "masked_batch"), "tokenizer": ("word", "subword"),
             "pos_encoding": ("sincos", "none", "learned", "alibi"),
             "tie_embeddings": ("none", "target", "all"),
-            "loss_reduction": ("book", "token"), "split_by": ("group", "source", "pair"),
+            "loss_reduction": ("book", "token"), "split_by": ("folded", "group", "source", "pair"),
             "edition": ("0.11", "0.17", "1.0"), "architecture": ARCHITECTURES,
             "precision": PRECISIONS}
 # what a resumed run may change: the schedule and regularisation, not the model or its data

@@ -20,9 +20,9 @@ from d2l_transformer.data import (
     length_limit,
     length_ratio,
     make_parts,
-    normalize_sentence,
     read_corpus,
     read_heldout,
+    strict_sentence,
 )
 from d2l_transformer.data.sources import COMPRESSED
 
@@ -156,8 +156,8 @@ def test_own_sets_replace_the_parts_and_leave_training(tmp_path):
     parts, report = make_parts(corpus, None, 20, 20, valid=dev)
     assert parts.valid == Pairs(*dev[:2]) and len(parts.test.source) == 19
     assert report["counts"]["shared_with_heldout"] == 5 and report["valid"]["pairs"] == 10
-    held = {normalize_sentence(s) for s in parts.valid.source + parts.test.source}
-    assert not held & {normalize_sentence(s) for s in parts.train.source}
+    held = {strict_sentence(s) for s in parts.valid.source + parts.test.source}
+    assert not held & {strict_sentence(s) for s in parts.train.source}
     with pytest.raises(DataError, match="line 2 is empty: nothing to translate"):
         read_heldout([write(tmp_path / "e.en", ["Go.", ""]), write(tmp_path / "e.de", ["a", "b"])],
                      "en", "de", "--test")

@@ -97,7 +97,7 @@ def _encode(tok, train, min_freq, vocabs=None):
 
 def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
                     num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1,
-                    tokenizer="word", vocab_size=0, split_by="group", joint_vocab=False,
+                    tokenizer="word", vocab_size=0, split_by="folded", joint_vocab=False,
                     batch_tokens=0, clean=True, valid=None, test=None, vocabs=None):
     """The held-out pipeline: a `SplitData` ``(src_vocab, tgt_vocab, train_iter, valid, test,
     tokenizer, report)``; valid and test are `Pairs` of text (`split.make_parts`).

@@ -57,6 +57,8 @@ def load_inputs(cfg, batch_size, data_path, heldout, *, resume_dir=None, init_fr
                       num_steps=lengths["limit"] if lengths else cfg.num_steps,
                       length_ratio=cfg.length_ratio or (lengths["length_ratio"] if lengths else 0.0))
     say(format_counts(data.report["counts"]))
+    if data.report.get("note"):
+        say(data.report["note"])
     if lengths:
         before = lengths["pairs"] + lengths["over_limit"] + lengths["bad_ratio"]
         say(format_lengths(lengths["limit"], lengths["why"], lengths, before))
