@@ -200,7 +200,7 @@ def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, low
 
 def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE, alpha=ALPHA,
                    data_path=None, max_sentences=None, lowercase=False, examples=0, no_unk=False,
-                   engine_threads=0, test=None, compute_type=None):
+                   engine_threads=0, test=None, compute_type=None, heldout=None):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
     `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
     `inference.engines`): for an English-to-French model the chapter's four sentences with d2l's
@@ -213,7 +213,9 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     pairs. Each set's overlap with the training part is counted, both sides, and where a pair
     was seen the pairs unseen on both sides are scored too (`_score_set`). Returns the report
     (a JSON-able dict); ``examples``: keep the first N translations of each set;
-    ``engine_threads``, ``compute_type``: CTranslate2's (`open_engine`). Errors are one line
+    ``engine_threads``, ``compute_type``: CTranslate2's (`open_engine`); ``heldout``: ``{"valid":
+    [two files], "test": [two files]}``, the new place of the dev and test files the model was
+    trained with (each checked against its recorded SHA-256). Errors are one line
     (CheckpointError, DataError, EngineError, ExactChapterError, ExportError)."""
     translator = open_engine(model_dir, engine, ctx, no_unk=no_unk, engine_threads=engine_threads,
                              compute_type=compute_type)
@@ -228,11 +230,12 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     if cfg.pair == ("en", "fr"):  # the book's sentences are English, their references French
         report["chapter_sentences"] = _chapter_sentences(translator, decoders, alpha)
     if test is not None:
-        sets, note = [read_test_set(*test, train=_training_part(model_dir, cfg, data_path))], None
+        train = _training_part(model_dir, cfg, data_path, heldout)
+        sets, note = [read_test_set(*test, train=train)], None
     else:
         data = checkpoint.trained_data(model_dir, data_path)
         sets, note = evaluation_sets(cfg, translator.src_vocab, translator.tgt_vocab, data,
-                                     **checkpoint.trained_heldout(model_dir))
+                                     **checkpoint.trained_heldout(model_dir, heldout))
     if note:
         report["note"] = note
     for name, pairs, overlap in sets:
@@ -303,13 +306,14 @@ def read_test_set(source_path, ref_paths, train=None):
     return os.path.basename(source_path), pairs, None if train is None else overlaps(pairs, train)
 
 
-def _training_part(model_dir, cfg, data_path):
+def _training_part(model_dir, cfg, data_path, heldout=None):
     """The model's training part (`Pairs`), or None when its data is not at hand (a test set is
     then scored without counting what training saw)."""
     try:
         data = checkpoint.trained_data(model_dir, data_path)
         return make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
-                          clean=cfg.clean, **checkpoint.trained_heldout(model_dir))[0].train
+                          clean=cfg.clean,
+                          **checkpoint.trained_heldout(model_dir, heldout))[0].train
     except DataError:
         return None
 

@@ -253,7 +253,7 @@ def test_init_from_fine_tunes_and_resume_refuses_other_data(tmp_path, capsys):
     assert cli.main(["train", *TINY_LONG, "--data", *first, "--epochs", "2", "--out", base]) == 0
     assert cli.main(["train", "--data", *second, "--epochs", "3", "--resume", "--ctx", "cpu",
                      "--out", base]) == 2
-    assert "was trained on other data" in capsys.readouterr().err
+    assert "is not the data model directory" in capsys.readouterr().err
     assert cli.main(["train", "--init-from", base, "--data", *second, "--epochs", "2",
                      "--set", "lr=0.001", "--ctx", "cpu", "--quiet", "--out", tuned]) == 0
     summary = _summary(tuned)

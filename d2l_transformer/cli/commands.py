@@ -114,7 +114,8 @@ def cmd_evaluate(args):
                             examples=args.examples, no_unk=args.no_unk,
                             engine_threads=args.engine_threads,
                             test=(args.src, args.ref) if args.src else None,
-                            compute_type=args.compute_type)
+                            compute_type=args.compute_type,
+                            heldout={"valid": args.valid, "test": args.test})
     print(format_report(report))
     if args.json:
         _write_json(args.json, report)

@@ -5,8 +5,6 @@ that say what was read and dropped; and summary.json's record of it."""
 
 from .. import checkpoint
 from ..data import (
-    DataError,
-    fingerprint,
     format_counts,
     format_lengths,
     load_data,
@@ -20,23 +18,16 @@ PARTS = ("valid", "test")
 def read_inputs(cfg, data_path, heldout, resume_dir=None):
     """``(corpus, valid, test)``: the corpus (`data.read_corpus`) and the user's own sets
     (`data.read_heldout`; `heldout`: their two files each, or None); a resumed run's
-    (`resume_dir`) as its directory records them: other data given is a one-line DataError."""
+    (`resume_dir`) as its directory records them, each checked against its recorded SHA-256
+    (`data.provenance`): `data_path` and `heldout` then give a moved file's new place, and
+    other data is a one-line DataError."""
     if not resume_dir:
         corpus = read_corpus(data_path, cfg.source_lang, cfg.target_lang)
         valid, test = (read_heldout(files, *corpus.columns, f"--{part}") if files else None
                        for files, part in zip(heldout, PARTS))
         return corpus, valid, test
-    recorded = checkpoint.trained_heldout(resume_dir)
-    corpus = checkpoint.trained_data(resume_dir)
-    given = read_corpus(data_path, *cfg.pair) if data_path else corpus
-    asked = [read_heldout(files, *cfg.pair, f"--{part}") if files else recorded[part]
-             for files, part in zip(heldout, PARTS)]
-    if fingerprint(given.pairs()) != fingerprint(corpus.pairs()) or \
-            [h and h[2]["sha256"] for h in asked] != [recorded[p] and recorded[p][2]["sha256"]
-                                                      for p in PARTS]:
-        raise DataError(f"{resume_dir} was trained on other data: --resume continues a run on "
-                        f"its own data (train on new data with --init-from {resume_dir} and "
-                        "another --out)")
+    recorded = checkpoint.trained_heldout(resume_dir, dict(zip(PARTS, heldout)))
+    corpus = checkpoint.trained_data(resume_dir, data_path)
     return corpus, recorded["valid"], recorded["test"]
 
 

@@ -248,6 +248,7 @@ class _Run:
             raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
                                              f"{summary.get('seed')}, not {self.seed}")
         checkpoint.load_trainer_states(out_dir, self.trainer)
+        summary["data"] = data_record(self.data)  # checked against it: a moved file's new place
         self.summary, self.start_epoch = summary, summary["epochs_done"] + 1
         if self.start_epoch > cfg.num_epochs:
             print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "

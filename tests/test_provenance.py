@@ -1,0 +1,113 @@
+"""A model directory's record of its data holds, or the package refuses in one line: the
+corpora and the user's own dev and test files are checked against their recorded SHA-256
+wherever they are read again (--resume, evaluate), and a moved file may be given again."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from d2l_transformer import cli
+
+TINY = ["--preset", "tiny", "--set", "num_valid=10", "--set", "num_steps=0", "--set",
+        "num_examples=null", "--set", "min_freq=0", "--ctx", "cpu", "--quiet"]
+
+
+def _lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def _pairs(n, start=0):
+    return [(f"I see {i} red cats.", f"Je vois {i} chats rouges.") for i in range(start, start + n)]
+
+
+def _set(tmp, name, pairs):
+    return [_lines(tmp / f"{name}.en", [p[0] for p in pairs]),
+            _lines(tmp / f"{name}.fr", [p[1] for p in pairs])]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny word model trained 1 epoch on a TSV corpus, with its own dev and test files."""
+    tmp = tmp_path_factory.mktemp("prov")
+    corpus = _lines(tmp / "train.en-fr.tsv", ["\t".join(p) for p in _pairs(120)])
+    dev, test = _set(tmp, "dev", _pairs(8, 500)), _set(tmp, "test", _pairs(8, 600))
+    out = str(tmp / "model")
+    assert cli.main(["train", *TINY, "--data", corpus, "--valid", *dev, "--test", *test,
+                     "--epochs", "1", "--out", out]) == 0
+    return tmp, out, corpus, dev, test
+
+
+def _one_line(capsys, *parts):
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: ") and all(p in line for p in parts), err
+    return line
+
+
+def test_an_edited_dev_or_test_set_is_refused_naming_it(trained, capsys):
+    tmp, out, corpus, dev, test = trained
+    original = open(dev[1], encoding="utf-8").read()
+    try:
+        _lines(tmp / "dev.fr", [p[1] for p in _pairs(7, 500)] + ["Autre chose."])
+        assert cli.main(["train", "--resume", "--epochs", "2", "--ctx", "cpu", "--quiet",
+                         "--out", out]) == 2
+        _one_line(capsys, "--valid", dev[1], "changed since", "SHA-256")
+        assert cli.main(["evaluate", "--model", out, "--ctx", "cpu"]) == 2
+        _one_line(capsys, "--valid", "changed since")
+    finally:
+        _lines(tmp / "dev.fr", original.splitlines())
+    original = open(test[0], encoding="utf-8").read()
+    try:
+        _lines(tmp / "test.en", [p[0] for p in _pairs(7, 600)] + ["Something else."])
+        assert cli.main(["evaluate", "--model", out, "--ctx", "cpu", "--max-sentences", "2"]) == 2
+        _one_line(capsys, "--test", test[0], "changed since")
+    finally:
+        _lines(tmp / "test.en", original.splitlines())
+    assert cli.main(["evaluate", "--model", out, "--ctx", "cpu", "--max-sentences", "2",
+                     "--beam", "1"]) == 0
+
+
+def test_other_data_on_resume_is_refused(trained, tmp_path, capsys):
+    tmp, out, corpus, dev, test = trained
+    other = _lines(tmp_path / "other.en-fr.tsv", ["\t".join(p) for p in _pairs(120, 1000)])
+    assert cli.main(["train", "--resume", "--data", other, "--epochs", "2", "--ctx", "cpu",
+                     "--quiet", "--out", out]) == 2
+    _one_line(capsys, "other.en-fr.tsv is not the data", "SHA-256")
+
+
+def test_moved_files_are_given_again(trained, tmp_path, capsys):
+    """The corpus, the dev and the test files moved: --resume and evaluate say which is not
+    there and what to give; given at their new place (same SHA-256) they are accepted."""
+    tmp, out, corpus, dev, test = trained
+    model, other = str(tmp_path / "model"), str(tmp_path / "other")
+    shutil.copytree(out, model)
+    shutil.copytree(out, other)
+    new = tmp_path / "moved"
+    shutil.copytree(tmp, new, ignore=shutil.ignore_patterns("model"))
+    gone = tmp.parent / (tmp.name + "-gone")
+    os.rename(tmp, gone)
+    try:
+        assert cli.main(["train", "--resume", "--epochs", "2", "--ctx", "cpu", "--quiet",
+                         "--out", model]) == 2
+        _one_line(capsys, "which is not there: give --")
+        moved = [str(new / os.path.basename(f)) for f in (corpus, *dev, *test)]
+        assert cli.main(["train", "--resume", "--data", moved[0], "--epochs", "2", "--ctx",
+                         "cpu", "--quiet", "--out", model]) == 2
+        _one_line(capsys, "--valid", "which is not there: give --valid")
+        assert cli.main(["train", "--resume", "--data", moved[0], "--valid", *moved[1:3],
+                         "--test", *moved[3:], "--epochs", "2", "--ctx", "cpu", "--quiet",
+                         "--out", model]) == 0
+        with open(os.path.join(model, "summary.json"), encoding="utf-8") as f:
+            data = json.load(f)["data"]
+        assert data["valid"]["files"] == moved[1:3] and data["corpora"][0]["files"] == moved[:1]
+        assert cli.main(["evaluate", "--model", other, "--ctx", "cpu", "--max-sentences", "2",
+                         "--beam", "1"]) == 2
+        _one_line(capsys, "which is not there: give --")
+        assert cli.main(["evaluate", "--model", other, "--data", moved[0], "--valid", *moved[1:3],
+                         "--test", *moved[3:], "--ctx", "cpu", "--max-sentences", "2",
+                         "--beam", "1"]) == 0
+    finally:
+        os.rename(gone, tmp)
