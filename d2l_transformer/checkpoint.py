@@ -230,15 +230,16 @@ def load_summary(directory):
     return _retrying(lambda d: d.read_json(SUMMARY), directory)
 
 
-def trained_data(directory, data=None):
+def trained_data(directory, data=None, flags=(None, None), how="evaluate"):
     """The `data.Corpus` the model in `directory` was trained on, in its direction (config.json's
     languages): read from `data` (its new place) when given, else from the corpora its
     summary.json records (a model trained before they were recorded: the default
-    fra-eng.zip), and checked against the recorded SHA-256 (`data.provenance`). DataError, one
-    line, when the recorded files are gone or the data is not the recorded one."""
+    fra-eng.zip), and checked against the recorded SHA-256 (`data.provenance`; `flags`: the
+    user's ``--source-lang``/``--target-lang`` for `data`, `how` names the command). DataError,
+    one line, when the recorded files are gone or the data is not the recorded one."""
     cfg = load_config(directory)
     records = recorded_corpora(load_summary(directory))
-    return read_trained_corpus(records, cfg.pair, data, os.path.abspath(directory))
+    return read_trained_corpus(records, cfg.pair, data, os.path.abspath(directory), flags, how)
 
 
 def recorded_corpora(summary):

@@ -111,3 +111,29 @@ def test_moved_files_are_given_again(trained, tmp_path, capsys):
                          "--beam", "1"]) == 0
     finally:
         os.rename(gone, tmp)
+
+
+def test_fine_tuning_or_resuming_on_another_pair_is_refused(trained, tmp_path, capsys):
+    """An English-to-French model, new data named German-English: refused in one line naming
+    both pairs, on --init-from and on --resume; a name that tells nothing takes the model's."""
+    tmp, out, corpus, dev, test = trained
+    german = _lines(tmp_path / "new.de-en.tsv", [f"Ich sehe {i}.\tI see {i}." for i in range(60)])
+    tuned = str(tmp_path / "tuned")
+    assert cli.main(["train", "--init-from", out, "--data", german, "--epochs", "1", "--ctx",
+                     "cpu", "--quiet", "--out", tuned]) == 2
+    _one_line(capsys, "new.de-en.tsv holds de and en (by its name)", "translates en to fr", "--init-from")
+    assert not os.path.exists(tuned)
+    assert cli.main(["train", "--resume", "--data", german, "--epochs", "2", "--ctx", "cpu",
+                     "--quiet", "--out", out]) == 2
+    _one_line(capsys, "holds de and en", "translates en to fr", "--resume")
+    nameless = _lines(tmp_path / "more.tsv", ["\t".join(p) for p in _pairs(60, 2000)])
+    assert cli.main(["train", "--init-from", out, "--data", nameless, "--epochs", "1",
+                     "--set", "num_valid=5", "--ctx", "cpu", "--quiet", "--out", tuned]) == 0
+
+
+def test_several_corpora_of_two_pairs_are_refused_with_the_flags(tmp_path, capsys):
+    a = _lines(tmp_path / "a.en-fr.tsv", ["\t".join(p) for p in _pairs(30)])
+    b = _lines(tmp_path / "b.de-en.tsv", [f"Ich sehe {i}.\tI see {i}." for i in range(30)])
+    assert cli.main(["train", *TINY, "--data", a, "--data", b, "--source-lang", "en",
+                     "--target-lang", "fr", "--epochs", "1", "--out", str(tmp_path / "m")]) == 2
+    _one_line(capsys, "b.de-en.tsv holds de and en by its name", "one pair of languages")

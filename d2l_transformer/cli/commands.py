@@ -180,7 +180,8 @@ def cmd_train(args):
                           preset=args.preset, valid_every=args.valid_every,
                           patience=args.patience, average_last=args.average_last,
                           overwrite=args.overwrite, valid=args.valid, test=args.test,
-                          init_from=args.init_from)
+                          init_from=args.init_from,
+                          languages=(args.source_lang, args.target_lang))
     if "translations" in summary:  # rank 0 of a finished run
         print("\n".join(printed_lines(summary)))
     return 0

@@ -8,18 +8,42 @@ model directory records")."""
 import os
 
 from .corpus import read_corpus, read_heldout
-from .languages import DataError
+from .languages import UNTOLD, DataError
 from .sources import open_data
 
 PARTS = ("valid", "test")
 
 
-def read_trained_corpus(records, pair, data, shown):
+def read_for_model(data, pair, flags, shown, how):
+    """The `corpus.Corpus` of new data for a model directory `shown` that translates `pair`
+    (``--init-from``, ``--resume``: `how`): its languages by the user's `flags`
+    (``(source_lang, target_lang)``) where given, else by the file names (the direction the
+    model's), else, where the names tell nothing, the model's. DataError, one line naming both
+    pairs, when they are not the model's."""
+    src, tgt = flags
+    try:
+        corpus = read_corpus(data, *((src, tgt) if src and tgt else
+                                     (src or (None if tgt else pair[0]), tgt)))
+    except DataError as e:
+        if not str(e).startswith(UNTOLD) or (src and tgt):
+            raise
+        corpus = read_corpus(data, *pair)
+    if (corpus.source_lang, corpus.target_lang) != tuple(pair):
+        by = "as --source-lang and --target-lang say" if src or tgt else "by its name"
+        held = corpus.origins[0].columns if corpus.origins else corpus.columns
+        raise DataError(f"{corpus.shown} holds {' and '.join(held)} ({by}) but model directory {shown} translates {pair[0]} to "
+                        f"{pair[1]}: {how} needs data of the model's languages (give "
+                        "--source-lang and --target-lang where a file's name is wrong)")
+    return corpus
+
+
+def read_trained_corpus(records, pair, data, shown, flags=(None, None), how="evaluate"):
     """The `corpus.Corpus` of the corpora `records` describe (summary.json's
     ``data.corpora``), in the direction `pair`: read from `data` (their new place, a list of
-    what `sources.open_data` takes) when given, else from the recorded files; each read with
-    its recorded columns and checked (`check_corpora`). `shown`: the model directory.
-    DataError, one line, when a recorded file is gone and no `data` is given."""
+    what `sources.open_data` takes; its languages checked, `read_for_model`) when given, else
+    from the recorded files with their recorded columns; checked (`check_corpora`). `shown`:
+    the model directory. DataError, one line, when a recorded file is gone and no `data` is
+    given."""
     if data is None:
         missing = [f for r in records for f in r["files"] if not os.path.exists(f)]
         if missing:
@@ -28,11 +52,7 @@ def read_trained_corpus(records, pair, data, shown):
         return check_corpora(records, read_corpus(
             [open_data(r["files"], *pair, r.get("columns")) for r in records] or None, *pair),
             shown)
-    many = isinstance(data, (list, tuple)) and data and isinstance(data[0], (list, tuple))
-    given = list(data) if many else [data]
-    if len(given) == len(records) and records:
-        data = [open_data(d, *pair, r.get("columns")) for d, r in zip(given, records)]
-    return check_corpora(records, read_corpus(data, *pair), shown)
+    return check_corpora(records, read_for_model(data, pair, flags, shown, how), shown)
 
 
 def check_corpora(records, corpus, shown):

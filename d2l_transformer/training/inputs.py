@@ -11,34 +11,37 @@ from ..data import (
     read_corpus,
     read_heldout,
 )
+from ..data.provenance import read_for_model
 
 PARTS = ("valid", "test")
 
 
-def read_inputs(cfg, data_path, heldout, resume_dir=None):
+def read_inputs(cfg, data_path, heldout, resume_dir=None, init_from=None, languages=(None, None)):
     """``(corpus, valid, test)``: the corpus (`data.read_corpus`) and the user's own sets
     (`data.read_heldout`; `heldout`: their two files each, or None); a resumed run's
     (`resume_dir`) as its directory records them, each checked against its recorded SHA-256
     (`data.provenance`): `data_path` and `heldout` then give a moved file's new place, and
-    other data is a one-line DataError."""
-    if not resume_dir:
-        corpus = read_corpus(data_path, cfg.source_lang, cfg.target_lang)
-        valid, test = (read_heldout(files, *corpus.columns, f"--{part}") if files else None
-                       for files, part in zip(heldout, PARTS))
-        return corpus, valid, test
-    recorded = checkpoint.trained_heldout(resume_dir, dict(zip(PARTS, heldout)))
-    corpus = checkpoint.trained_data(resume_dir, data_path)
-    return corpus, recorded["valid"], recorded["test"]
+    other data is a one-line DataError. A fine-tuned (`init_from`) or resumed model's data must
+    hold its languages (`data.provenance.read_for_model`; `languages`: the user's flags)."""
+    if resume_dir:
+        recorded = checkpoint.trained_heldout(resume_dir, dict(zip(PARTS, heldout)))
+        corpus = checkpoint.trained_data(resume_dir, data_path, languages, "--resume")
+        return corpus, recorded["valid"], recorded["test"]
+    corpus = read_for_model(data_path, cfg.pair, languages, init_from, "--init-from") \
+        if init_from else read_corpus(data_path, cfg.source_lang, cfg.target_lang)
+    valid, test = (read_heldout(files, *corpus.columns, f"--{part}") if files else None
+                   for files, part in zip(heldout, PARTS))
+    return corpus, valid, test
 
 
 def load_inputs(cfg, batch_size, data_path, heldout, *, resume_dir=None, init_from=None, rank=0,
-                num_workers=1, fast=False, say=print):
+                num_workers=1, fast=False, say=print, languages=(None, None)):
     """``(data, cfg)``: the run's `data.Data` (`read_inputs`, then `data.load_data` with the
     tokenizer of the model resumed or fine-tuned), and `cfg` with what the data decided (its
     languages, ``num_steps``: the longest pair trained on, ``length_ratio``). Says (`say`) in
     a line what was read and dropped, and in another the lengths."""
     origin = resume_dir or init_from
-    corpus, valid, test = read_inputs(cfg, data_path, heldout, resume_dir)
+    corpus, valid, test = read_inputs(cfg, data_path, heldout, resume_dir, init_from, languages)
     tokenizer = checkpoint.load_tokenizer(origin, cfg) if origin else None
     vocabs = checkpoint.load_vocabs(init_from) if init_from else None
     data = load_data(cfg, batch_size, corpus, rank=rank, num_workers=num_workers, fast=fast,

@@ -69,7 +69,7 @@ def check_out_dir(out_dir, *, resume=False, overwrite=False):
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
                 data_path=None, checkpoint_every=1, progress=True, preset=None, log=None,
                 valid_every=None, patience=None, average_last=None, overwrite=False,
-                valid=None, test=None, init_from=None):
+                valid=None, test=None, init_from=None, languages=None):
     """Train `cfg` from seed `seed` and return its summary (what summary.json holds).
 
     The one way a chapter run trains: seed everything with `seed`, load the data, build the
@@ -98,7 +98,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     ``valid``, ``test``: the user's own dev and test sets, two files each (the sources, the
     references), in place of the split's parts. ``init_from``: a model directory to fine-tune
     (its parameters, vocabularies and tokenizer; `cfg` is its config with what
-    `config.FINETUNABLE` lets change), from epoch 1 with a new Adam.
+    `config.FINETUNABLE` lets change), from epoch 1 with a new Adam. ``languages``: the
+    ``(source_lang, target_lang)`` the user gave (None where not): with ``init_from`` or
+    ``resume`` the data must hold the model's languages, by these, else by its file names.
 
     Validation (`validation.Validator`, for a run with a valid part): every ``valid_every``
     epochs (None: 1 when it has one; 0: never), after the epoch's checkpoint is saved, the
@@ -113,7 +115,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                overwrite=overwrite, log=log or sys.stderr, data_path=data_path,
                checkpoint_every=checkpoint_every, preset=preset, valid_every=valid_every,
                patience=patience, average_last=average_last, heldout=(valid, test),
-               init_from=init_from)
+               init_from=init_from, languages=languages or (None, None))
     with contextlib.ExitStack() as held:
         if run.writer:  # one writer per model directory, from before anything is written
             try:
@@ -141,7 +143,7 @@ class _Run:
 
     def __init__(self, cfg, out_dir, ctx, kvstore, *, seed, fast, resume, overwrite, log,
                  data_path, checkpoint_every, preset, valid_every, patience, average_last,
-                 heldout=(None, None), init_from=None):
+                 heldout=(None, None), init_from=None, languages=(None, None)):
         check_out_dir(out_dir, resume=resume, overwrite=overwrite)
         if init_from and resume:
             raise RunError("--resume continues the run in --out, --init-from starts a new one "
@@ -171,7 +173,7 @@ class _Run:
         self.valid_every, self.patience, self.average_last = valid_every, patience, average_last
         self.carry = resume  # OUT/best and OUT/average of a model this run replaces are not its own
         self.bar, self.work = None, None  # work: the run's (`_runtime.cpu_math.settle`)
-        self.heldout, self.init_from = heldout, init_from
+        self.heldout, self.init_from, self.languages = heldout, init_from, languages
 
     def prepare_data(self):
         """The data, read once (`inputs.load_inputs`: a resumed or fine-tuned model's tokenizer,
@@ -181,7 +183,8 @@ class _Run:
         self.data, self.cfg = load_inputs(
             self.cfg, self.batch_size, self.data_path, self.heldout,
             resume_dir=self.out_dir if self.resume else None, init_from=self.init_from,
-            rank=self.rank, num_workers=self.num_workers, fast=self.fast, say=self.say)
+            rank=self.rank, num_workers=self.num_workers, fast=self.fast, say=self.say,
+            languages=self.languages)
         self.src_vocab, self.tgt_vocab, self.train_iter, self.tokenizer = self.data[:4]
         self.edition_valid = self.data.edition_valid
         self.check_schedule()
