@@ -31,8 +31,9 @@ def read_for_model(data, pair, flags, shown, how):
     if (corpus.source_lang, corpus.target_lang) != tuple(pair):
         by = "as --source-lang and --target-lang say" if src or tgt else "by its name"
         held = corpus.origins[0].columns if corpus.origins else corpus.columns
-        raise DataError(f"{corpus.shown} holds {' and '.join(held)} ({by}) but model directory {shown} translates {pair[0]} to "
-                        f"{pair[1]}: {how} needs data of the model's languages (give "
+        raise DataError(f"{corpus.shown} holds {' and '.join(held)} ({by}) but model "
+                        f"directory {shown} translates {pair[0]} to {pair[1]}: {how} needs "
+                        "data of the model's languages (give "
                         "--source-lang and --target-lang where a file's name is wrong)")
     return corpus
 
