@@ -103,7 +103,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     ``resume`` the data must hold the model's languages, by these, else by its file names.
 
     Validation (`validation.Validator`, for a run with a valid part): every ``valid_every``
-    epochs (None: 1 when it has one; 0: never), after the epoch's checkpoint is saved, the
+    epochs (None: 1 when it has one; 0: never), before the epoch's checkpoint is saved (with
+    it, its record and the early-stopping count: a crash and --resume give the same run), the
     valid loss and greedy BLEU of the first ``cfg.valid_sentences`` valid pairs, kept in the
     summary's ``validation``; the best by BLEU is saved as ``OUT/best``; ``patience``: stop
     after that many validations without a better BLEU. ``average_last`` = N: ``OUT/average``
@@ -253,11 +254,25 @@ class _Run:
         checkpoint.load_trainer_states(out_dir, self.trainer)
         summary["data"] = data_record(self.data)  # checked against it: a moved file's new place
         self.summary, self.start_epoch = summary, summary["epochs_done"] + 1
+        self.keep_best()
         if self.start_epoch > cfg.num_epochs:
             print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
                   "give a larger --epochs to train on", file=self.log)
             return False
         return True
+
+    def keep_best(self):
+        """A resumed run whose last checkpoint is its best epoch, killed before OUT/best was
+        written: OUT/best written now, from that checkpoint (the same parameters)."""
+        best = (self.summary.get("best") or {}).get("best_epoch")
+        if not self.writer or best is None or best != self.summary["epochs_done"]:
+            return
+        try:
+            if checkpoint.load_summary(os.path.join(self.out_dir, "best")).get("best_epoch") == best:
+                return
+        except checkpoint.CheckpointError:
+            pass  # not written
+        self.save_sub("best", best_epoch=best)
 
     def set_up_validation(self):
         """The `Validator` (if validating), early stopping, the epochs kept for averaging."""
@@ -317,27 +332,37 @@ class _Run:
         summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
         if self.history is not None:
             self.history.add(epoch)
-        if self.writer and (epoch % self.checkpoint_every == 0 or epoch == self.cfg.num_epochs):
-            self.save()  # before validating: what validation does cannot lose the epoch
-        if self.validator is not None and epoch % self.valid_every == 0:
-            record = dict(self.validator(), epoch=epoch,
-                          train_seconds=round(summary["train_seconds"], 1))
-            summary["validation"].append(record)
-            improved = self.stopping.update(epoch, record["valid_bleu"])
-            summary["best"] = self.stopping.state()
-            self.say(format_validation(epoch, record, improved))
-            if self.writer and improved:
-                self.save()  # the summary with its best, and OUT/best
-                self.save_sub("best", best_epoch=epoch)
+        improved = self.validate(epoch)
+        stop = self.stopping.should_stop
+        if stop:
+            summary["stopped_early"] = epoch
+        if self.writer and not stop and (improved or epoch % self.checkpoint_every == 0
+                                         or epoch == self.cfg.num_epochs):
+            self.save()  # the epoch with its validation and early-stopping count, once (a
+            # stopping epoch is saved by `finish`: a crash before it repeats the epoch)
+        if self.writer and improved:  # a crash before it: --resume writes it (`keep_best`)
+            self.save_sub("best", best_epoch=epoch)
         self.tic = time.time()
-        if not self.stopping.should_stop:
+        if not stop:
             return False
-        summary["stopped_early"] = epoch
         stopping, out_dir = self.stopping, self.out_dir
         self.say(f"stopping after epoch {epoch}: no better valid BLEU in {self.patience} "
                  f"validations (best {stopping.best_bleu:.2f} at epoch {stopping.best_epoch}, "
                  f"kept in {os.path.join(out_dir, 'best') if out_dir else 'no model directory'})")
         return True  # `train_s2s_ch8` ends the training here
+
+    def validate(self, epoch):
+        """This epoch's validation (when one is due) into the summary, with the early-stopping
+        count: True when its BLEU is the best so far."""
+        if self.validator is None or epoch % self.valid_every:
+            return False
+        record = dict(self.validator(), epoch=epoch,
+                      train_seconds=round(self.summary["train_seconds"], 1))
+        self.summary["validation"].append(record)
+        improved = self.stopping.update(epoch, record["valid_bleu"])
+        self.summary["best"] = self.stopping.state()
+        self.say(format_validation(epoch, record, improved))
+        return improved
 
     def finish(self):
         """The end: OUT/average, the summary's last fields, the translations, the last save."""
