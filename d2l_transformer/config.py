@@ -229,7 +229,8 @@ RESUMABLE = ("num_epochs", "lr", "warmup_steps", "dropout", "layerdrop", "drophe
 # what a run fine-tuning a model (train --init-from) may change besides: how its new data is
 # read and batched; the model, its vocabularies, tokenizer and languages stay
 FINETUNABLE = RESUMABLE + ("batch_size", "batch_tokens", "num_steps", "num_examples", "num_valid",
-                           "num_test", "num_buckets", "split_by", "clean", "min_freq")
+                           "num_test", "num_buckets", "split_by", "clean", "min_freq",
+                           "length_ratio")
 
 
 def _coerce(name, kind, value):

@@ -137,3 +137,26 @@ def test_several_corpora_of_two_pairs_are_refused_with_the_flags(tmp_path, capsy
     assert cli.main(["train", *TINY, "--data", a, "--data", b, "--source-lang", "en",
                      "--target-lang", "fr", "--epochs", "1", "--out", str(tmp_path / "m")]) == 2
     _one_line(capsys, "b.de-en.tsv holds de and en by its name", "one pair of languages")
+
+
+def test_fine_tuning_computes_and_records_the_new_datas_lengths(trained, tmp_path):
+    """The parent's limit and ratio came from its data: the child's come from its own (longer
+    sentences, a longer limit, recorded), unless it sets them; length_ratio may be set."""
+    tmp, out, corpus, dev, test = trained
+    longer = _lines(tmp_path / "long.en-fr.tsv", [
+        f"I see {i} red cats and {i} big dogs in the old town.\t"
+        f"Je vois {i} chats rouges et {i} gros chiens dans la vieille ville ce soir." for i in range(60)])
+    parent = json.load(open(os.path.join(out, "summary.json")))["data"]["lengths"]
+    runs = {}
+    for name, extra in (("computed", []), ("set", ["--set", "num_steps=40", "--set",
+                                                    "length_ratio=2.5"])):
+        runs[name] = str(tmp_path / name)
+        assert cli.main(["train", "--init-from", out, "--data", longer, "--epochs", "1",
+                         "--set", "num_valid=5", *extra, "--ctx", "cpu", "--quiet",
+                         "--out", runs[name]]) == 0
+    cfg = json.load(open(os.path.join(runs["computed"], "config.json")))
+    lengths = json.load(open(os.path.join(runs["computed"], "summary.json")))["data"]["lengths"]
+    assert lengths["limit"] > parent["limit"] and cfg["num_steps"] == lengths["limit"]
+    assert cfg["length_ratio"] == lengths["length_ratio"] > 1.0 and "percentile" in lengths["why"]
+    cfg = json.load(open(os.path.join(runs["set"], "config.json")))
+    assert (cfg["num_steps"], cfg["length_ratio"]) == (40, 2.5)

@@ -4,6 +4,7 @@ chooses (`data.load_data`), with the tokenizer a resumed or fine-tuned model kee
 that say what was read and dropped; and summary.json's record of it."""
 
 from .. import checkpoint
+from ..config import resume_overrides
 from ..data import (
     format_counts,
     format_lengths,
@@ -68,3 +69,19 @@ def data_record(data):
     record.update({key: report[key] for key in ("split", "valid", "test", "lengths")
                    if key in report})
     return record
+
+
+def saved_config(directory, overrides, fine_tune=False):
+    """The config of a run that resumes (or, `fine_tune`, fine-tunes) the model in
+    `directory`: its saved config with `overrides` (`config.resume_overrides`). Fine-tuning
+    computes the lengths its data decided, ``num_steps`` and ``length_ratio``, from the new
+    data, unless `overrides` set them."""
+    saved = checkpoint.load_config(directory)
+    if fine_tune:
+        lengths = (checkpoint.load_summary(directory).get("data") or {}).get("lengths") or {}
+        derived = {"num_steps": 0 if lengths.get("why", "num_steps") != "num_steps" else None,
+                   "length_ratio": 0.0 if lengths.get("length_ratio") == saved.length_ratio
+                   else None}
+        saved = saved.replace(**{k: v for k, v in derived.items()
+                                 if v is not None and k not in overrides})
+    return resume_overrides(saved, overrides, fine_tune=fine_tune)
