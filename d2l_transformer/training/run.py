@@ -17,6 +17,7 @@ from .inputs import data_record, load_inputs
 from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
+from .outdir import RunError, check_out_dir, keep_best, recorded_precision
 from .progress import ProgressBar
 from .steps import traceable
 from .translations import book_translations, corpus_translations, edition_translations
@@ -30,40 +31,6 @@ from .validation import (
 
 SUBMODELS = ("best", "average")  # model directories inside a run's model directory
 SEED_STRIDE = 100000  # epoch e of a run with seed s draws from seed s * SEED_STRIDE + e
-
-
-class RunError(ValueError):
-    """A training run cannot start as asked; the message is one line."""
-
-
-def check_out_dir(out_dir, *, resume=False, overwrite=False):
-    """Refuse (RunError, one line, before anything is written) a model directory a run may
-    not write: a file; a directory that is not a model directory this package wrote
-    (`checkpoint.is_model_dir`; an empty one is fine, the current directory never); a model
-    directory unless the run continues it (``resume``) or replaces it (``overwrite``), as
-    Sockeye's ``--output`` does. A missing path is fine."""
-    if out_dir is None:
-        return
-    if resume and overwrite:
-        raise RunError("--resume continues the model in the directory, --overwrite replaces "
-                       "it: give one of them")
-    path = os.path.abspath(out_dir)
-    if checkpoint.is_model_dir(path):
-        if not (resume or overwrite):
-            raise RunError(f"{out_dir} already holds a trained model: give --resume to continue "
-                           "it, --overwrite to replace it, or another --out")
-        return
-    if resume:
-        return  # the load says what is wrong with the directory
-    try:
-        checkpoint.atomic.check_replaceable(path)
-    except checkpoint.atomic.NotReplaceable:
-        what = "a directory that is not a model directory" if os.path.isdir(path) else "a file"
-        raise RunError(f"{out_dir} is {what}; training writes a model directory only into a "
-                       "new or empty directory (nothing was changed)") from None
-    if os.path.isdir(path) and os.path.realpath(path) == os.path.realpath(os.getcwd()):
-        raise RunError(f"{out_dir} is the current directory: give a subdirectory for the "
-                       "model directory")
 
 
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
@@ -128,7 +95,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
         run.precision, run.work = precision.settle(  # pinned or not; auto: measured
             run.cfg, len(run.tgt_vocab), run.ctxs, fast=run.fast, log=run.log, seed=seed,
-            src_size=len(run.src_vocab), batches=run.train_iter, workers=run.num_workers)
+            src_size=len(run.src_vocab), batches=run.train_iter, workers=run.num_workers,
+            recorded=recorded_precision(out_dir, cfg) if resume else None)
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
         run.set_up_validation()
@@ -254,30 +222,19 @@ class _Run:
         checkpoint.load_trainer_states(out_dir, self.trainer)
         summary["data"] = data_record(self.data)  # checked against it: a moved file's new place
         self.summary, self.start_epoch = summary, summary["epochs_done"] + 1
-        self.keep_best()
+        if self.writer:
+            keep_best(out_dir, summary, lambda epoch: self.save_sub("best", best_epoch=epoch))
         if self.start_epoch > cfg.num_epochs:
             print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
                   "give a larger --epochs to train on", file=self.log)
             return False
         return True
 
-    def keep_best(self):
-        """A resumed run whose last checkpoint is its best epoch, killed before OUT/best was
-        written: OUT/best written now, from that checkpoint (the same parameters)."""
-        best = (self.summary.get("best") or {}).get("best_epoch")
-        if not self.writer or best is None or best != self.summary["epochs_done"]:
-            return
-        try:
-            if checkpoint.load_summary(os.path.join(self.out_dir, "best")).get("best_epoch") == best:
-                return
-        except checkpoint.CheckpointError:
-            pass  # not written
-        self.save_sub("best", best_epoch=best)
-
     def set_up_validation(self):
         """The `Validator` (if validating), early stopping, the epochs kept for averaging."""
         cfg, summary = self.cfg, self.summary
-        summary.update(fast=self.fast, precision=self.precision.record())  # what computed
+        summary["fast"] = self.fast
+        precision.record_change(summary, self.precision.record(), self.start_epoch)
         self.validator = Validator(self.model, self.data.parts[0], self.tokenizer, self.src_vocab,
                                    self.tgt_vocab, cfg, self.ctxs[0]) if self.valid_every else None
         self.stopping = EarlyStopping.from_state(self.patience, summary.get("best"))
