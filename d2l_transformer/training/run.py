@@ -11,7 +11,7 @@ from mxnet import init, nd
 from .. import _runtime, checkpoint
 from ..build import build_model
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
-from ..io import lock
+from ..io import lock, measured
 from . import precision
 from .inputs import data_record, load_inputs
 from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2s_ch8
@@ -85,6 +85,7 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                patience=patience, average_last=average_last, heldout=(valid, test),
                init_from=init_from, languages=languages or (None, None))
     with contextlib.ExitStack() as held:
+        held.enter_context(measured.training())  # others measuring keep nothing beside it
         if run.writer:  # one writer per model directory, from before anything is written
             try:
                 held.enter_context(lock.locked(out_dir, "trained"))
