@@ -160,3 +160,29 @@ def test_fine_tuning_computes_and_records_the_new_datas_lengths(trained, tmp_pat
     assert cfg["length_ratio"] == lengths["length_ratio"] > 1.0 and "percentile" in lengths["why"]
     cfg = json.load(open(os.path.join(runs["set"], "config.json")))
     assert (cfg["num_steps"], cfg["length_ratio"]) == (40, 2.5)
+
+
+def test_overlaps_count_the_pairs_trained_on_and_the_pairs_scored(tmp_path, capsys):
+    """A training pair over the length limit was never trained on: a test source equal to it
+    is not "seen"; with --max-sentences, the counts cover the pairs scored."""
+    long = ("I see a very long line of many red cats and many big dogs walking in the old "
+            "town tonight.", "Je vois une très longue file de chats rouges et de gros chiens "
+                             "marchant dans la vieille ville ce soir.")
+    corpus = _lines(tmp_path / "c.en-fr.tsv", ["\t".join(p) for p in _pairs(120) + [long]])
+    dev = _set(tmp_path, "dev", _pairs(6, 500))
+    model = str(tmp_path / "m")
+    assert cli.main(["train", *TINY, "--set", "num_steps=12", "--data", corpus, "--valid", *dev,
+                     "--epochs", "1", "--out", model]) == 0
+    lengths = json.load(open(os.path.join(model, "summary.json")))["data"]["lengths"]
+    assert lengths["over_limit"] == 1
+    src = _lines(tmp_path / "t.en", [long[0], "I see 5 red cats.", "Hello there."])
+    ref = _lines(tmp_path / "t.fr", [long[1], "Je vois 5 chats rouges.", "Bonjour."])
+    seen = {}
+    for most in (None, 1):
+        report = str(tmp_path / f"{most}.json")
+        assert cli.main(["evaluate", "--model", model, "--src", src, "--ref", ref, "--beam", "1",
+                         "--ctx", "cpu", "--json", report]
+                        + (["--max-sentences", str(most)] if most else [])) == 0
+        entry = json.load(open(report))["sets"][0]
+        seen[most] = (entry["sources_seen_in_training"], entry["references_seen_in_training"])
+    assert seen == {None: (1, 1), 1: (0, 0)}

@@ -135,6 +135,17 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
     return SplitData(src_vocab, tgt_vocab, train_iter, parts.valid, parts.test, tok, report)
 
 
+def trained_part(train, tok, num_steps, clean, vocabs):
+    """The pairs of the training part `train` (`split.Pairs`) a run trained on: those within
+    the length limit (`num_steps`, 0: the data's, `lengths.length_limit`) and, with `clean`,
+    the length ratio (`lengths.keep_pairs`), measured in the model's tokenizer `tok` and
+    vocabularies `vocabs` (the rule `load_data_split` drops pairs by)."""
+    src_ids, tgt_ids, _, _ = _encode(tok, train, 0, vocabs)
+    limit, _ = length_limit(src_ids.lengths, tgt_ids.lengths, num_steps)
+    keep, _ = keep_pairs(src_ids.lengths, tgt_ids.lengths, limit, ratio=clean)
+    return type(train)([train.source[i] for i in keep], [train.target[i] for i in keep])
+
+
 def _padded(src_ids, tgt_ids, width, src_vocab, tgt_vocab, rank, num_workers):
     """``(X, X_valid_len, Y, Y_valid_len)`` of this worker's `shard` of the pairs, padded to
     `width`, targets in ``<bos>`` ... ``<eos>`` (`build_array`'s layout, nothing cut)."""

@@ -308,18 +308,22 @@ def split_corpus(num_examples=None, num_valid=0, num_test=0, path=None, by="fold
     return make_parts(path, num_examples, num_valid, num_test, by, clean=clean)[0]
 
 
-def evaluation_sets(cfg, src_vocab, tgt_vocab, data=None, *, valid=None, test=None):
+def evaluation_sets(cfg, src_vocab, tgt_vocab, data=None, *, valid=None, test=None,
+                    trained=None, max_sentences=None):
     """``([(name, Pairs of text, Overlap or None)], note)``: what ``evaluate`` scores of a model
     trained with `cfg` on `data`: its valid and test parts (`make_parts`; `valid`, `test`: the
     user's own sets it was trained with, named by their source file), or the chapter's training
     pairs and the pairs held out after them; ``note`` describes the chapter's held-out lines
-    (None otherwise). Each part's `Overlap` with the training part (`overlaps`)."""
+    (None otherwise). Each part's `Overlap` (`overlaps`), over its first `max_sentences` pairs
+    (the ones scored; None: all), with the pairs trained on: `trained` (a function) of the
+    training part, the pairs its length filters kept (`pipeline.trained_part`)."""
     if cfg.held_out or valid or test:
         parts, _ = make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
                               clean=cfg.clean, valid=valid, test=test)
+        train = trained(parts.train) if trained else parts.train
         names = [os.path.basename(h[2]["files"][0]) if h else name
                  for name, h in (("valid", valid), ("test", test))]
-        return [(name, part, overlaps(part, parts.train))
+        return [(name, part, overlaps(scored(part, max_sentences), train))
                 for name, part in zip(names, parts[1:])], None
     corpus = read_corpus(data)
     train = read_pairs(corpus, cfg.num_examples)
@@ -330,6 +334,11 @@ def evaluation_sets(cfg, src_vocab, tgt_vocab, data=None, *, valid=None, test=No
             f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
             f"{len(held['in_vocab'][0])} with every token in the vocabularies")
     return [("training pairs", train, None)] + [
-        (name, Pairs(*held[key]), overlaps(Pairs(*held[key]), train))
+        (name, Pairs(*held[key]), overlaps(scored(Pairs(*held[key]), max_sentences), train))
         for name, key in (("held-out, in vocabulary", "in_vocab_text"),
                           ("held-out, unfiltered", "unfiltered_text"))], note
+
+
+def scored(part, max_sentences=None):
+    """The first `max_sentences` pairs of `part` (all when None): the ones ``evaluate`` scores."""
+    return Pairs(part.source[:max_sentences], part.target[:max_sentences])
