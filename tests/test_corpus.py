@@ -8,6 +8,7 @@ import os
 import numpy as onp
 import pytest
 
+import d2l_transformer as d2t
 from d2l_transformer import checkpoint
 from d2l_transformer.cli import commands as cli
 from d2l_transformer.data import (
@@ -16,6 +17,7 @@ from d2l_transformer.data import (
     DataError,
     Pairs,
     clean_pairs,
+    format_counts,
     keep_pairs,
     length_limit,
     length_ratio,
@@ -317,3 +319,18 @@ def test_a_word_model_fine_tunes_with_its_own_vocabularies(tmp_path):
     for name in ("src_vocab.json", "tgt_vocab.json"):
         assert open(os.path.join(base, name)).read() == open(os.path.join(tuned, name)).read()
     assert _summary(tuned)["data"]["pairs"] == 400
+
+
+def test_an_in_memory_corpus_is_counted_as_one_on_disk():
+    """A `Corpus` made in memory, without counts, goes wherever a data source does: its pairs
+    with an empty side dropped and counted, its counts formatted."""
+    sources = [f"Go {i // 4}." if i % 4 else "" for i in range(120)]
+    targets = [f"Va {i // 4} ! {i % 4}" for i in range(120)]
+    corpus = d2t.data.Corpus(sources, targets, "en", "fr")
+    parts, report = make_parts(corpus, None, 5, 5)
+    assert format_counts(report["counts"]) == "read 90 pairs (120 lines); dropped 30 blank or " \
+                                              "with an empty side"
+    data = d2t.data.load_data(d2t.TINY.replace(num_valid=3, num_steps=0), 4, corpus)
+    assert format_counts(data.report["counts"]).startswith("read 90 pairs (120 lines)")
+    with pytest.raises(DataError, match="the pairs given has 2 lines but every pair has an empty"):
+        read_corpus(d2t.data.Corpus(["", "a"], ["b", ""], "en", "fr"))

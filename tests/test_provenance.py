@@ -186,3 +186,12 @@ def test_overlaps_count_the_pairs_trained_on_and_the_pairs_scored(tmp_path, caps
         entry = json.load(open(report))["sets"][0]
         seen[most] = (entry["sources_seen_in_training"], entry["references_seen_in_training"])
     assert seen == {None: (1, 1), 1: (0, 0)}
+
+
+def test_edition_1_0_refuses_own_dev_and_test_sets(tmp_path, capsys):
+    dev = _set(tmp_path, "dev", _pairs(4))
+    for part in ("--valid", "--test"):
+        assert cli.main(["train", "--edition", "1.0", "--epochs", "1", part, *dev, "--ctx",
+                         "cpu", "--quiet", "--out", str(tmp_path / "m")]) == 2
+        _one_line(capsys, "edition 1.0", "--valid and --test are not for it")
+        assert not os.path.exists(tmp_path / "m")

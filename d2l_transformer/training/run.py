@@ -177,6 +177,9 @@ class _Run:
             recorded.get("valid") or {}).get("files"))
         if self.valid_every is None:
             self.valid_every = 1 if has_valid else 0
+        if cfg.edition == "1.0" and any(self.heldout):
+            raise RunError("edition 1.0 validates as d2l 1.0 does (its loss on pairs of its own "
+                           "data): --valid and --test are not for it (give another --edition)")
         if self.valid_every and cfg.edition == "1.0" and cfg.num_valid:
             raise RunError("edition 1.0 validates as d2l 1.0 does (its loss every epoch): "
                            "--valid-every is not for it")
