@@ -54,10 +54,9 @@ class TransformerConfig:
     loss_reduction: str = "book"  # "book": each sentence's loss averaged over the padded width
     # (d2l; the book's loss); "token": summed over the real tokens, so the gradient and the
     # reported cross-entropy do not depend on how a batch was padded (MaskedSoftmaxCELoss)
-    # num_valid/num_test hold out groups of pairs sharing a source or a target sentence,
-    # compared "folded" (data.keys: case, punctuation, apostrophes, Unicode forms folded), or
-    # as d2l's "group"s, or "source" sentences, or random "pair"s (how model directories
-    # written before were split: they keep being evaluated on their own parts)
+    # num_valid/num_test hold out groups of pairs sharing a "folded" sentence (data.keys), or
+    # d2l's "group"s, "source" sentences, random "pair"s (how model directories written
+    # before were split: they keep being evaluated on their own parts)
     split_by: str = "folded"
     # drop (and count) exact duplicates, sides over 1,000 characters, misaligned pairs (data.corpus,
     # data.lengths); False for model directories written before, split from the pairs as read
@@ -229,8 +228,7 @@ RESUMABLE = ("num_epochs", "lr", "warmup_steps", "dropout", "layerdrop", "drophe
 # what a run fine-tuning a model (train --init-from) may change besides: how its new data is
 # read and batched; the model, its vocabularies, tokenizer and languages stay
 FINETUNABLE = RESUMABLE + ("batch_size", "batch_tokens", "num_steps", "num_examples", "num_valid",
-                           "num_test", "num_buckets", "split_by", "clean", "min_freq",
-                           "length_ratio")
+                           "num_test", "num_buckets", "split_by", "clean", "min_freq", "length_ratio")
 
 
 def _coerce(name, kind, value):
