@@ -210,3 +210,15 @@ def test_a_killed_run_resumes_to_the_same_record_and_stop(tmp_path):
     assert cli.main(args + ["--resume", "--out", killed]) == 0
     assert _same_run(_summary(killed)) == _same_run(_summary(whole))
     assert _summary(killed)["stopped_early"] == 3
+    last = TRAIN + ["--epochs", "2"]  # killed once its last epoch is validated: before its end
+    assert cli.main(last + ["--out", whole, "--overwrite"]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer", *last, "--out", killed,
+                             "--overwrite"], stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:
+        if line.startswith("epoch 2: valid"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=120)
+    assert cli.main(last + ["--resume", "--out", killed]) == 0
+    assert _same_run(_summary(killed)) == _same_run(_summary(whole))
+    assert "translations" in _summary(killed)

@@ -297,10 +297,10 @@ class _Run:
         stop = self.stopping.should_stop
         if stop:
             summary["stopped_early"] = epoch
-        if self.writer and not stop and (improved or epoch % self.checkpoint_every == 0
-                                         or epoch == self.cfg.num_epochs):
-            self.save()  # the epoch with its validation and early-stopping count, once (a
-            # stopping epoch is saved by `finish`: a crash before it repeats the epoch)
+        if self.writer and not stop and epoch < self.cfg.num_epochs and (
+                improved or epoch % self.checkpoint_every == 0):
+            self.save()  # the epoch with its validation and early-stopping count, once (the
+            # last or a stopping epoch is saved by `finish`: a crash before it repeats it)
         if self.writer and improved:  # a crash before it: --resume writes it (`keep_best`)
             self.save_sub("best", best_epoch=epoch)
         self.tic = time.time()
