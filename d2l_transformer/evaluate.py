@@ -238,7 +238,7 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
         data = checkpoint.trained_data(model_dir, data_path)
         sets, note = evaluation_sets(cfg, translator.src_vocab, translator.tgt_vocab, data,
                                      **checkpoint.trained_heldout(model_dir, heldout),
-                                     trained=_trained(translator), max_sentences=max_sentences)
+                                     trained=_trained(translator, model_dir), max_sentences=max_sentences)
     if note:
         report["note"] = note
     for name, pairs, overlap in sets:
@@ -310,10 +310,12 @@ def read_test_set(source_path, ref_paths, train=None, max_sentences=None):
         None if train is None else overlaps(scored(pairs, max_sentences), train)
 
 
-def _trained(translator):
+def _trained(translator, model_dir):
     """The pairs of a training part the model behind `translator` was trained on: those its
-    run's length filters kept (`data.trained_part`)."""
+    run's length filters kept (`data.trained_part`; every pair for a run that recorded none)."""
     cfg = translator.cfg
+    if not (checkpoint.load_summary(model_dir).get("data") or {}).get("lengths"):
+        return lambda train: train  # a run before the length filters: every pair (cut or not)
     vocabs = (translator.src_vocab, translator.tgt_vocab)
     return lambda train: trained_part(train, translator.tokenizer, cfg.num_steps, cfg.clean,
                                       vocabs)
@@ -326,7 +328,7 @@ def _training_part(model_dir, cfg, data_path, heldout, translator):
         data = checkpoint.trained_data(model_dir, data_path)
         train = make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
                            clean=cfg.clean, **checkpoint.trained_heldout(model_dir, heldout))[0].train
-        return _trained(translator)(train) if cfg.held_out else train
+        return _trained(translator, model_dir)(train)
     except DataError:
         return None
 
