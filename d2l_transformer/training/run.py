@@ -2,6 +2,7 @@
 data, model, the loop, checkpoints, resuming, the four translations the chapter prints."""
 
 import contextlib
+import copy
 import os
 import sys
 import time
@@ -144,6 +145,7 @@ class _Run:
         self.carry = resume  # OUT/best and OUT/average of a model this run replaces are not its own
         self.bar, self.work = None, None  # work: the run's (`_runtime.cpu_math.settle`)
         self.heldout, self.init_from, self.languages = heldout, init_from, languages
+        self.pending_best = None  # OUT/best's summary, saved after OUT by `finish`
 
     def prepare_data(self):
         """The data, read once (`inputs.load_inputs`: a resumed or fine-tuned model's tokenizer,
@@ -227,7 +229,8 @@ class _Run:
         summary["data"] = data_record(self.data)  # checked against it: a moved file's new place
         self.summary, self.start_epoch = summary, summary["epochs_done"] + 1
         if self.writer:
-            keep_best(out_dir, summary, lambda epoch: self.save_sub("best", best_epoch=epoch))
+            keep_best(out_dir, summary, lambda epoch: self.save_sub(
+                "best", self.sub_summary(best_epoch=epoch)))
         if self.start_epoch > cfg.num_epochs:
             print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
                   "give a larger --epochs to train on", file=self.log)
@@ -297,12 +300,15 @@ class _Run:
         stop = self.stopping.should_stop
         if stop:
             summary["stopped_early"] = epoch
-        if self.writer and not stop and epoch < self.cfg.num_epochs and (
-                improved or epoch % self.checkpoint_every == 0):
-            self.save()  # the epoch with its validation and early-stopping count, once (the
-            # last or a stopping epoch is saved by `finish`: a crash before it repeats it)
-        if self.writer and improved:  # a crash before it: --resume writes it (`keep_best`)
-            self.save_sub("best", best_epoch=epoch)
+        saved = self.writer and not stop and epoch < self.cfg.num_epochs and (
+            improved or epoch % self.checkpoint_every == 0)
+        if saved:  # the epoch with its validation and early-stopping count, once (the last
+            self.save()  # or a stopping epoch is saved by `finish`: a crash repeats it)
+        if self.writer and improved:  # OUT/best after OUT; a crash between: `keep_best`
+            self.pending_best = self.sub_summary(best_epoch=epoch)
+            if saved:
+                self.save_sub("best", self.pending_best)
+                self.pending_best = None
         self.tic = time.time()
         if not stop:
             return False
@@ -350,6 +356,8 @@ class _Run:
         summary["cpu_math"] = _runtime.cpu_math.describe(str(ctx))  # which kernels made these numbers
         if self.writer:
             self.save()
+            if self.pending_best is not None:  # the last epoch was the best
+                self.save_sub("best", self.pending_best)
 
     def average(self):
         """The last ``average_last`` epochs' mean: validated, in the summary, as OUT/average."""
@@ -365,7 +373,7 @@ class _Run:
                                         f"{history.epochs[-1]}", average, False), file=self.log)
             self.summary["average"] = average
             if self.writer:
-                self.save_sub("average", **{"average": average})
+                self.save_sub("average", self.sub_summary(average=average))
 
     def save(self):
         """``OUT`` with the trainer's states (a replaced run's OUT/best, OUT/average dropped)."""
@@ -374,12 +382,16 @@ class _Run:
                         drop=() if self.carry else SUBMODELS)
         self.carry = True
 
-    def save_sub(self, name, **extra):
+    def sub_summary(self, **extra):
+        """The summary of ``OUT/best`` or ``OUT/average`` as it is now, with `extra`."""
+        sub = {k: v for k, v in self.summary.items() if k not in ("rng_state", "translations")}
+        return copy.deepcopy(dict(sub, **extra))
+
+    def save_sub(self, name, summary):
         """``OUT/best``, ``OUT/average``: model directories of their own."""
         path = os.path.join(self.out_dir, name)
-        sub = {k: v for k, v in self.summary.items() if k not in ("rng_state", "translations")}
-        checkpoint.save(path, self.model, self.src_vocab, self.tgt_vocab, self.cfg,
-                        dict(sub, **extra), tokenizer=self.tokenizer)
+        checkpoint.save(path, self.model, self.src_vocab, self.tgt_vocab, self.cfg, summary,
+                        tokenizer=self.tokenizer)
         return path
 
     def say(self, line):
