@@ -47,7 +47,8 @@ from . import _gluon
 from ._runtime import cpu_math as _cpu_math
 from .build import build_model
 from .config import TransformerConfig
-from .data import DataError, Vocab, open_data, read_corpus, read_heldout
+from .data import Vocab
+from .data.provenance import PARTS, read_recorded_heldout, read_trained_corpus
 from .data.tokenize import TokenizerError
 from .data.tokenize import load_tokenizer as _load_tokenizer
 from .io import atomic
@@ -229,28 +230,16 @@ def load_summary(directory):
     return _retrying(lambda d: d.read_json(SUMMARY), directory)
 
 
-def trained_data(directory, data=None):
+def trained_data(directory, data=None, flags=(None, None), how="evaluate"):
     """The `data.Corpus` the model in `directory` was trained on, in its direction (config.json's
-    languages): `data` (what `data.read_corpus` reads) when given, else the corpora its
-    summary.json records (each with its recorded columns; a model trained before they were
-    recorded: the default fra-eng.zip). DataError, one line, when the recorded files are gone;
-    a logged line when a corpus is not what the model was trained on (its held-out parts are
-    then not the model's)."""
+    languages): read from `data` (its new place) when given, else from the corpora its
+    summary.json records (a model trained before they were recorded: the default
+    fra-eng.zip), and checked against the recorded SHA-256 (`data.provenance`; `flags`: the
+    user's ``--source-lang``/``--target-lang`` for `data`, `how` names the command). DataError,
+    one line, when the recorded files are gone or the data is not the recorded one."""
     cfg = load_config(directory)
     records = recorded_corpora(load_summary(directory))
-    if data is not None:
-        corpus = read_corpus(data, *cfg.pair)
-    else:
-        missing = [f for r in records for f in r["files"] if not os.path.exists(f)]
-        if missing:
-            raise DataError(f"model directory {os.path.abspath(directory)} was trained on "
-                            f"{' and '.join(missing)}, which is not there: give --data")
-        corpus = read_corpus([open_data(r["files"], *cfg.pair, r.get("columns")) for r in records]
-                             or None, *cfg.pair)
-    if records and [r.get("sha256") for r in records] != [r.get("sha256") for r in corpus.records]:
-        log.warning("%s is not the data %s was trained on: its held-out parts are not the "
-                    "model's", corpus.shown, directory)
-    return corpus
+    return read_trained_corpus(records, cfg.pair, data, os.path.abspath(directory), flags, how)
 
 
 def recorded_corpora(summary):
@@ -260,21 +249,15 @@ def recorded_corpora(summary):
     return list(data["corpora"]) if "corpora" in data else [data] if data.get("files") else []
 
 
-def trained_heldout(directory):
+def trained_heldout(directory, given=None):
     """``{"valid": ..., "test": ...}``: the user's own dev and test sets the model in
-    `directory` was trained with (`data.read_heldout`), None for a part drawn from the corpus.
-    DataError, one line, when a recorded file is gone."""
+    `directory` was trained with (`data.read_heldout`), None for a part drawn from the corpus;
+    `given`: ``{part: [its two files' new place]}``. Each is checked against its recorded
+    SHA-256 (`data.provenance`): DataError, one line, when a file is gone or changed."""
     data = load_summary(directory).get("data") or {}
-    out = {}
-    for part in ("valid", "test"):
-        record = data.get(part) or {}
-        files = record.get("files")
-        if files and not all(os.path.exists(f) for f in files):
-            raise DataError(f"model directory {os.path.abspath(directory)} was trained with "
-                            f"--{part} {' '.join(files)}, which is not there")
-        out[part] = read_heldout(files, record.get("source_lang"), record.get("target_lang"),
-                                 f"--{part}") if files else None
-    return out
+    given = given or {}
+    return {part: read_recorded_heldout(data.get(part), given.get(part), part,
+                                        os.path.abspath(directory)) for part in PARTS}
 
 
 def _vocabs(d):

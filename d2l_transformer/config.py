@@ -54,15 +54,15 @@ class TransformerConfig:
     loss_reduction: str = "book"  # "book": each sentence's loss averaged over the padded width
     # (d2l; the book's loss); "token": summed over the real tokens, so the gradient and the
     # reported cross-entropy do not depend on how a batch was padded (MaskedSoftmaxCELoss)
-    # num_valid/num_test hold out "group"s of pairs sharing a source or a target sentence
-    # (data.split), or "source" sentences, or random "pair"s (how model directories written
+    # num_valid/num_test hold out groups of pairs sharing a "folded" sentence (data.keys), or
+    # d2l's "group"s, "source" sentences, random "pair"s (how model directories written
     # before were split: they keep being evaluated on their own parts)
-    split_by: str = "group"
+    split_by: str = "folded"
     # drop (and count) exact duplicates, sides over 1,000 characters, misaligned pairs (data.corpus,
     # data.lengths); False for model directories written before, split from the pairs as read
     clean: bool = True
-    # a translation's most tokens: length_ratio x its source's + 10 (inference.limits); 0: set by
-    length_ratio: float = 0.0  # the run from its training part (data.lengths); none: 0, read as 1
+    # a translation's most tokens: length_ratio x its source's + 10, at most num_steps; 0: set by
+    length_ratio: float = 0.0  # the run from its training part (data.lengths); none: 0, the chapter's rule
     # the languages, translated from source_lang to target_lang (codes: docs/data.md); None:
     # from the data's file names, the first column to the second (fra-eng.zip: en to fr)
     source_lang: Optional[str] = None
@@ -218,7 +218,7 @@ VARIANTS = {"pre_norm": False, "norm": "layer", "fixnorm": False, "layerdrop": 0
 _CHOICES = {"norm": ("layer", "scale", "batch", "masked_batch"), "tokenizer": ("word", "subword"),
             "pos_encoding": ("sincos", "none", "learned", "alibi"),
             "tie_embeddings": ("none", "target", "all"),
-            "loss_reduction": ("book", "token"), "split_by": ("group", "source", "pair"),
+            "loss_reduction": ("book", "token"), "split_by": ("folded", "group", "source", "pair"),
             "edition": ("0.11", "0.17", "1.0"), "architecture": ARCHITECTURES,
             "precision": PRECISIONS}
 # what a resumed run may change: the schedule and regularisation, not the model or its data
@@ -228,7 +228,7 @@ RESUMABLE = ("num_epochs", "lr", "warmup_steps", "dropout", "layerdrop", "drophe
 # what a run fine-tuning a model (train --init-from) may change besides: how its new data is
 # read and batched; the model, its vocabularies, tokenizer and languages stay
 FINETUNABLE = RESUMABLE + ("batch_size", "batch_tokens", "num_steps", "num_examples", "num_valid",
-                           "num_test", "num_buckets", "split_by", "clean", "min_freq")
+                           "num_test", "num_buckets", "split_by", "clean", "min_freq", "length_ratio")
 
 
 def _coerce(name, kind, value):

@@ -25,6 +25,8 @@ from .data import (
     overlaps,
     read_heldout,
     read_lines,
+    scored,
+    trained_part,
 )
 from .inference.engines import DEFAULT_ENGINE, open_engine
 from .inference.limits import chapter_only
@@ -200,7 +202,7 @@ def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, low
 
 def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE, alpha=ALPHA,
                    data_path=None, max_sentences=None, lowercase=False, examples=0, no_unk=False,
-                   engine_threads=0, test=None, compute_type=None):
+                   engine_threads=0, test=None, compute_type=None, heldout=None):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
     `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
     `inference.engines`): for an English-to-French model the chapter's four sentences with d2l's
@@ -213,7 +215,9 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     pairs. Each set's overlap with the training part is counted, both sides, and where a pair
     was seen the pairs unseen on both sides are scored too (`_score_set`). Returns the report
     (a JSON-able dict); ``examples``: keep the first N translations of each set;
-    ``engine_threads``, ``compute_type``: CTranslate2's (`open_engine`). Errors are one line
+    ``engine_threads``, ``compute_type``: CTranslate2's (`open_engine`); ``heldout``: ``{"valid":
+    [two files], "test": [two files]}``, the new place of the dev and test files the model was
+    trained with (each checked against its recorded SHA-256). Errors are one line
     (CheckpointError, DataError, EngineError, ExactChapterError, ExportError)."""
     translator = open_engine(model_dir, engine, ctx, no_unk=no_unk, engine_threads=engine_threads,
                              compute_type=compute_type)
@@ -228,11 +232,13 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     if cfg.pair == ("en", "fr"):  # the book's sentences are English, their references French
         report["chapter_sentences"] = _chapter_sentences(translator, decoders, alpha)
     if test is not None:
-        sets, note = [read_test_set(*test, train=_training_part(model_dir, cfg, data_path))], None
+        train = _training_part(model_dir, cfg, data_path, heldout, translator)
+        sets, note = [read_test_set(*test, train=train, max_sentences=max_sentences)], None
     else:
         data = checkpoint.trained_data(model_dir, data_path)
         sets, note = evaluation_sets(cfg, translator.src_vocab, translator.tgt_vocab, data,
-                                     **checkpoint.trained_heldout(model_dir))
+                                     **checkpoint.trained_heldout(model_dir, heldout),
+                                     trained=_trained(translator, model_dir), max_sentences=max_sentences)
     if note:
         report["note"] = note
     for name, pairs, overlap in sets:
@@ -286,13 +292,13 @@ def _score_set(translator, name, pairs, overlap, decoders, alpha, max_sentences,
     return entry
 
 
-def read_test_set(source_path, ref_paths, train=None):
+def read_test_set(source_path, ref_paths, train=None, max_sentences=None):
     """A user's test set as an evaluation set ``(name, Pairs, Overlap or None)``: the source
     file and one or more reference files, one sentence a line (`data.read_lines`, as sacreBLEU
     reads them; with several files each line has that many references). ``train``: the
-    training part (`Pairs`), to count what the model was trained on (`data.overlaps`; None: not
-    counted). A file that cannot be read, line counts that differ, or an empty source line are
-    a one-line DataError."""
+    training part (`Pairs`), to count what the model was trained on (`data.overlaps`, over the
+    first `max_sentences` pairs, the ones scored; None: not counted). A file that cannot be
+    read, line counts that differ, or an empty source line are a one-line DataError."""
     sources, refs, _ = read_heldout([source_path, ref_paths[0]], None, None, "--src/--ref")
     for path in ref_paths[1:]:
         more = read_lines(path, what="reference file")
@@ -300,16 +306,29 @@ def read_test_set(source_path, ref_paths, train=None):
             raise DataError(f"{source_path} has {len(sources)} lines but {path} has {len(more)}")
         refs = [(r if isinstance(r, list) else [r]) + [m] for r, m in zip(refs, more)]
     pairs = Pairs(sources, refs)
-    return os.path.basename(source_path), pairs, None if train is None else overlaps(pairs, train)
+    return os.path.basename(source_path), pairs, \
+        None if train is None else overlaps(scored(pairs, max_sentences), train)
 
 
-def _training_part(model_dir, cfg, data_path):
-    """The model's training part (`Pairs`), or None when its data is not at hand (a test set is
-    then scored without counting what training saw)."""
+def _trained(translator, model_dir):
+    """The pairs of a training part the model behind `translator` was trained on: those its
+    run's length filters kept (`data.trained_part`; every pair for a run that recorded none)."""
+    cfg = translator.cfg
+    if not (checkpoint.load_summary(model_dir).get("data") or {}).get("lengths"):
+        return lambda train: train  # a run before the length filters: every pair (cut or not)
+    vocabs = (translator.src_vocab, translator.tgt_vocab)
+    return lambda train: trained_part(train, translator.tokenizer, cfg.num_steps, cfg.clean,
+                                      vocabs)
+
+
+def _training_part(model_dir, cfg, data_path, heldout, translator):
+    """The pairs the model was trained on (`Pairs`, `_trained`), or None when its data is not
+    at hand (a test set is then scored without counting what training saw)."""
     try:
         data = checkpoint.trained_data(model_dir, data_path)
-        return make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
-                          clean=cfg.clean, **checkpoint.trained_heldout(model_dir))[0].train
+        train = make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
+                           clean=cfg.clean, **checkpoint.trained_heldout(model_dir, heldout))[0].train
+        return _trained(translator, model_dir)(train)
     except DataError:
         return None
 

@@ -8,6 +8,7 @@ import os
 import numpy as onp
 import pytest
 
+import d2l_transformer as d2t
 from d2l_transformer import checkpoint
 from d2l_transformer.cli import commands as cli
 from d2l_transformer.data import (
@@ -16,13 +17,14 @@ from d2l_transformer.data import (
     DataError,
     Pairs,
     clean_pairs,
+    format_counts,
     keep_pairs,
     length_limit,
     length_ratio,
     make_parts,
-    normalize_sentence,
     read_corpus,
     read_heldout,
+    strict_sentence,
 )
 from d2l_transformer.data.sources import COMPRESSED
 
@@ -156,8 +158,8 @@ def test_own_sets_replace_the_parts_and_leave_training(tmp_path):
     parts, report = make_parts(corpus, None, 20, 20, valid=dev)
     assert parts.valid == Pairs(*dev[:2]) and len(parts.test.source) == 19
     assert report["counts"]["shared_with_heldout"] == 5 and report["valid"]["pairs"] == 10
-    held = {normalize_sentence(s) for s in parts.valid.source + parts.test.source}
-    assert not held & {normalize_sentence(s) for s in parts.train.source}
+    held = {strict_sentence(s) for s in parts.valid.source + parts.test.source}
+    assert not held & {strict_sentence(s) for s in parts.train.source}
     with pytest.raises(DataError, match="line 2 is empty: nothing to translate"):
         read_heldout([write(tmp_path / "e.en", ["Go.", ""]), write(tmp_path / "e.de", ["a", "b"])],
                      "en", "de", "--test")
@@ -253,7 +255,7 @@ def test_init_from_fine_tunes_and_resume_refuses_other_data(tmp_path, capsys):
     assert cli.main(["train", *TINY_LONG, "--data", *first, "--epochs", "2", "--out", base]) == 0
     assert cli.main(["train", "--data", *second, "--epochs", "3", "--resume", "--ctx", "cpu",
                      "--out", base]) == 2
-    assert "was trained on other data" in capsys.readouterr().err
+    assert "is not the data model directory" in capsys.readouterr().err
     assert cli.main(["train", "--init-from", base, "--data", *second, "--epochs", "2",
                      "--set", "lr=0.001", "--ctx", "cpu", "--quiet", "--out", tuned]) == 0
     summary = _summary(tuned)
@@ -317,3 +319,18 @@ def test_a_word_model_fine_tunes_with_its_own_vocabularies(tmp_path):
     for name in ("src_vocab.json", "tgt_vocab.json"):
         assert open(os.path.join(base, name)).read() == open(os.path.join(tuned, name)).read()
     assert _summary(tuned)["data"]["pairs"] == 400
+
+
+def test_an_in_memory_corpus_is_counted_as_one_on_disk():
+    """A `Corpus` made in memory, without counts, goes wherever a data source does: its pairs
+    with an empty side dropped and counted, its counts formatted."""
+    sources = [f"Go {i // 4}." if i % 4 else "" for i in range(120)]
+    targets = [f"Va {i // 4} ! {i % 4}" for i in range(120)]
+    corpus = d2t.data.Corpus(sources, targets, "en", "fr")
+    parts, report = make_parts(corpus, None, 5, 5)
+    assert format_counts(report["counts"]) == "read 90 pairs (120 lines); dropped 30 blank or " \
+                                              "with an empty side"
+    data = d2t.data.load_data(d2t.TINY.replace(num_valid=3, num_steps=0), 4, corpus)
+    assert format_counts(data.report["counts"]).startswith("read 90 pairs (120 lines)")
+    with pytest.raises(DataError, match="the pairs given has 2 lines but every pair has an empty"):
+        read_corpus(d2t.data.Corpus(["", "a"], ["b", ""], "en", "fr"))

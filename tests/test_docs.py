@@ -233,3 +233,20 @@ def test_commands_are_fenced():
             fence ^= bool(re.match(r"\s*(```|~~~)", line))
             assert fence or not re.match(r" {4,}(\S*/)?(d2l-transformer|python|scripts/)", line), \
                 f"{path.name}:{n}: an indented code block, not a fenced one"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/data.md"])
+def test_the_bible_commands_are_the_runs_that_gave_its_figure(doc):
+    """The Bible's 21.91: its train command (12 epochs, the average of the last 4) and the
+    `evaluate ... --beam 4` of that average, as each doc writes them, parsed."""
+    commands = [argv for _, argv in _commands(ROOT / doc)]
+    parser = get_parser()
+    train = [parser.parse_args(a) for a in commands
+             if a[0] == "train" and any("bible/train.en" in w for w in a)]
+    assert len(train) == 1, commands
+    run = train[0]
+    assert (run.preset, run.epochs, run.average_last) == ("hour", 12, 4)
+    assert run.valid and run.test and run.data
+    evaluate = [parser.parse_args(a) for a in commands
+                if a[0] == "evaluate" and any(run.out in w for w in a)]
+    assert [(e.model, e.beam) for e in evaluate] == [(f"{run.out}/average", 4)]

@@ -39,6 +39,7 @@ def _cgroup(root, files):
 def test_the_key_holds_the_cgroup_cpu_quota(tmp_path, monkeypatch, files, quota):
     _cgroup(tmp_path, files)
     monkeypatch.setattr(_threads, "CGROUP", str(tmp_path))
+    monkeypatch.setattr(_threads, "PROC_CGROUP", str(tmp_path / "none"))  # at the root
     assert _threads.cpu_quota() == quota
     name = measured.key("a decision", {"version": "1.2", "model": "2/256"})
     assert name.startswith("a decision; ") and name.endswith("; version 1.2; model 2/256")
@@ -89,14 +90,83 @@ def test_a_damaged_file_is_ignored_and_written_anew(cache, caplog):
 
 def test_a_busy_machine_keeps_nothing(cache, monkeypatch):
     """Figures measured under another job's load decide for their process alone: a load
-    average over 1.5 times the usable CPUs keeps nothing, and says so."""
+    average over the usable CPUs (2.9 on 2 CPUs) keeps nothing, and says so."""
     monkeypatch.undo()
     monkeypatch.setenv("D2L_TRANSFORMER_CACHE", str(cache.parent))
     cpus = _threads.usable_cpus()
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.5 * cpus + 0.1, 0.0, 0.0))
-    assert measured.busy() == f"the machine was busy (load average {1.5 * cpus + 0.1:.1f} on {cpus} CPUs)"
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus + 0.9, 0.0, 0.0))
+    assert measured.busy() == f"the machine was busy (load average {cpus + 0.9:.1f} on {cpus} CPUs)"
     assert measured.keep("k", 1, {"1": 1.0}, "the threads") == (None, measured.busy())
     assert not cache.exists()
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.5 * cpus, 0.0, 0.0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0 * cpus, 0.0, 0.0))
     assert measured.busy() is None
     assert measured.keep("k", 1, {"1": 1.0}, "the threads") == (str(cache), None)
+
+
+def test_the_quota_is_read_where_the_process_lives(tmp_path, monkeypatch):
+    """A v2 process in /user.slice/job (its cpu.max 1.5 CPUs) under a parent of 3: 1.5; the
+    root's files alone say nothing of it."""
+    _cgroup(tmp_path, {"user.slice/cpu.max": "300000 100000\n",
+                       "user.slice/job/cpu.max": "150000 100000\n",
+                       "cpu.max": "max 100000\n"})
+    (tmp_path / "self").write_text("0::/user.slice/job\n")
+    monkeypatch.setattr(_threads, "CGROUP", str(tmp_path))
+    monkeypatch.setattr(_threads, "PROC_CGROUP", str(tmp_path / "self"))
+    assert _threads.cpu_quota() == 1.5
+    (tmp_path / "self").write_text("4:cpu,cpuacct:/docker/abc\n0::/\n")
+    _cgroup(tmp_path, {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "50000\n",
+                       "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert _threads.cpu_quota() == 0.5
+
+
+def test_the_key_holds_what_changes_the_answer(monkeypatch):
+    from d2l_transformer._runtime import cpu_math
+    from d2l_transformer._version import __version__
+    monkeypatch.setattr(cpu_math, "cpu_flags", lambda: {"avx2", "fma", "avx512_bf16", "sse"})
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("D2L_TRANSFORMER_KERNELS", raising=False)
+    name = measured.key("a decision", {})
+    assert "flags avx2 fma avx512_bf16;" in name and "sse" not in name
+    assert "DNNL_MAX_CPU_ISA unset" in name and "kernels on" in name
+    assert f"d2l_transformer {__version__}" in name and "AMX " in name
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("D2L_TRANSFORMER_KERNELS", "0")
+    other = measured.key("a decision", {})
+    assert "DNNL_MAX_CPU_ISA AVX2" in other and "kernels off" in other and other != name
+
+
+def test_entries_expire_after_a_month_or_a_new_version(cache):
+    measured.keep("k", 1, {"1": 1.0}, "the threads")
+    assert measured.recall("k", [1])["version"]
+    data = json.loads(cache.read_text())
+    data["entries"]["k"]["measured"] = "2000-01-01T00:00:00"
+    cache.write_text(json.dumps(data))
+    assert measured.recall("k", [1]) is None
+    data["entries"]["k"].update(measured=data["entries"]["k"]["measured"].replace("2000", "2999"),
+                                version="0.0.1")
+    cache.write_text(json.dumps(data))
+    assert measured.recall("k", [1]) is None
+    measured.keep("other", 1, {"1": 1.0}, "the threads")
+    assert list(json.loads(cache.read_text())["entries"]) == ["other"]  # the stale one gone
+
+
+def test_another_process_training_keeps_nothing(cache, monkeypatch):
+    """While another process of the package trains (its mark in the cache directory), figures
+    measured here are not kept; a mark whose process is gone is removed."""
+    monkeypatch.undo()
+    monkeypatch.setenv("D2L_TRANSFORMER_CACHE", str(cache.parent))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    marks = cache.parent / measured.TRAINING
+    marks.mkdir(parents=True)
+    (marks / str(os.getppid())).write_text("")  # alive: pytest's parent
+    assert measured.busy() == f"another d2l_transformer process (pid {os.getppid()}) was training"
+    assert measured.keep("k", 1, {"1": 1.0}, "the threads")[0] is None
+    os.remove(marks / str(os.getppid()))
+    dead = multiprocessing.get_context("spawn").Process(target=int)
+    dead.start()
+    dead.join()
+    (marks / str(dead.pid)).write_text("")
+    with measured.training():  # this process's own mark does not count
+        assert measured.busy() is None
+        assert (marks / str(os.getpid())).exists()
+    assert not (marks / str(dead.pid)).exists() and not (marks / str(os.getpid())).exists()

@@ -360,3 +360,27 @@ def test_a_model_trained_in_bfloat16_saves_float32_and_translates_in_a_float32_p
     assert {onp.dtype(s.dtype) for st in states for s in st} == {onp.dtype("float32")}
     r = _cli("translate", "--model", str(out), "--ctx", "cpu", "go .", "i won !")
     assert len(r.stdout.strip().splitlines()) == 2
+
+
+def test_a_resumed_auto_run_keeps_its_recorded_precision(monkeypatch):
+    """A machine-bound ``auto`` run on a CPU with units would measure again; resumed, it keeps
+    what it recorded (not measured), and says so in its reason."""
+    monkeypatch.setattr(precision.cpu_math, "cpu_flags", lambda: UNITS)
+    monkeypatch.setattr(precision, "measure", lambda *a, **k: pytest.fail("measured again"))
+    cfg = preset_config("full").replace(precision="auto")
+    chosen, _ = precision.settle(cfg, 8000, mx.cpu(), recorded="float32")
+    assert (chosen.name, chosen.asked) == ("float32", "auto") and "as recorded" in chosen.why
+
+
+def test_the_record_keeps_every_precision_change_with_its_epoch():
+    summary = {}
+    precision.record_change(summary, {"precision": "float32", "why": "a"}, 1)
+    precision.record_change(summary, {"precision": "float32", "why": "b"}, 4)
+    precision.record_change(summary, {"precision": "bfloat16", "why": "c"}, 7)
+    assert summary["precision_changes"] == [{"epoch": 1, "precision": "float32"},
+                                            {"epoch": 7, "precision": "bfloat16"}]
+    assert summary["precision"]["why"] == "c"
+    old = {"precision": {"precision": "bfloat16"}}  # a summary from before the list
+    precision.record_change(old, {"precision": "float32"}, 3)
+    assert old["precision_changes"] == [{"epoch": 1, "precision": "bfloat16"},
+                                        {"epoch": 3, "precision": "float32"}]

@@ -155,7 +155,7 @@ def test_config_without_the_new_fields_is_the_chapters_pipeline(tmp_path):
     # and evaluated on the split it was trained on, of the pairs as read; translations of
     # at most max(num_steps, source + 10) tokens, as then
     assert (cfg.split_by, cfg.clean, cfg.length_ratio) == ("pair", False, 0.0)
-    assert d2t.TransformerConfig.from_json(d2t.PRESETS["full"].to_json()).split_by == "group"
+    assert d2t.TransformerConfig.from_json(d2t.PRESETS["full"].to_json()).split_by == "folded"
     assert isinstance(load_tokenizer(str(tmp_path), cfg), WordTokenizer)
     presets = d2t.PRESETS
     assert [(presets[p].tokenizer, presets[p].loss_reduction) for p in ("chapter", "full", "full_word")] \

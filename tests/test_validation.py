@@ -4,6 +4,9 @@ model kept as OUT/best, early stopping, OUT/average (the average of the last epo
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import mxnet as mx
 import pytest
@@ -176,3 +179,46 @@ def test_recipe_curves_plots_the_runs_validations(run, tmp_path, capsys):
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| kept |")]
     assert [int(r.split("|")[2]) for r in rows] == [1, 2, 3]
+
+
+def _same_run(summary):
+    """What a killed-then-resumed run must record as an uninterrupted one does: all but the
+    seconds."""
+    drop = ("train_seconds", "seconds", "tokens_per_sec", "rng_state", "cpu_math", "fast",
+            "precision", "ctx")
+    validation = [{k: v for k, v in r.items() if k not in drop} for r in summary["validation"]]
+    return dict({k: v for k, v in summary.items() if k not in drop}, validation=validation)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_same_record_and_stop(tmp_path):
+    """The run of `test_patience_stops_after_k_flat_validations` killed (SIGKILL) as soon as it
+    says epoch 2's validation, then resumed: the same summary.json (seconds aside) and the same
+    stop, at epoch 3, as the run that was never killed."""
+    args = TRAIN + ["--epochs", "10", "--patience", "2", "--set", "lr=1e-9"]
+    whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+    assert cli.main(args + ["--out", whole]) == 0
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer", *args, "--out", killed],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:
+        if line.startswith("epoch 2: valid"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert cli.main(args + ["--resume", "--out", killed]) == 0
+    assert _same_run(_summary(killed)) == _same_run(_summary(whole))
+    assert _summary(killed)["stopped_early"] == 3
+    last = TRAIN + ["--epochs", "2"]  # killed once its last epoch is validated: before its end
+    assert cli.main(last + ["--out", whole, "--overwrite"]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer", *last, "--out", killed,
+                             "--overwrite"], stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:
+        if line.startswith("epoch 2: valid"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=120)
+    assert cli.main(last + ["--resume", "--out", killed]) == 0
+    assert _same_run(_summary(killed)) == _same_run(_summary(whole))
+    assert "translations" in _summary(killed)

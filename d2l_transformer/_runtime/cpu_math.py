@@ -190,6 +190,11 @@ def allow_amx(flags=None):
     return "AMX" in os.environ[ISA_CAP[0]].upper()
 
 
+def amx_state():
+    """``"granted"`` or ``"refused"`` (Linux's answer to `allow_amx`), or None: not asked."""
+    return _state["amx"]
+
+
 def amx_refused():
     """Why oneDNN's bfloat16 products would kill this process (one phrase), or None: the cap
     names AMX (the user's) and Linux refused the tiles (`allow_amx`)."""

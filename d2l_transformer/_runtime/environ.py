@@ -77,6 +77,11 @@ def restore_user_environ():
     os.environ.pop(MARK, None)
 
 
+def kernels_enabled():
+    """``D2L_TRANSFORMER_KERNELS=0`` turns the package's fused kernels off (`kernels`)."""
+    return os.environ.get("D2L_TRANSFORMER_KERNELS", "1") != "0"
+
+
 def notice(text):
     """One line on stderr: ``d2l_transformer: TEXT``."""
     print(f"d2l_transformer: {text}", file=sys.stderr, flush=True)

@@ -38,6 +38,7 @@ MAX_ENV = "D2L_TRANSFORMER_MAX_THREADS"  # the most `auto` uses (the local launc
 OMP = ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS")  # MXNet's thread count, when set
 BIG_WORK = 1 << 26  # multiply-adds of one output-layer call from which every core pays
 CGROUP = "/sys/fs/cgroup"  # Linux's control groups: v2's cpu.max, v1's cpu/ (or cpu,cpuacct/)
+PROC_CGROUP = "/proc/self/cgroup"  # where this process lives in them
 _state = {"managed": False,  # OMP_NUM_THREADS is ours (`configure`)
           "threads": 1,  # the count in force on the engine's CPU worker
           "used": set(),  # the counts `size_for` put in force since `begin`
@@ -88,26 +89,45 @@ def usable_cpus():
 
 
 def cpu_quota():
-    """The CPUs' worth of time this process's control group may take (cgroup v2's
-    ``cpu.max``, v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None: no quota, or none
-    readable."""
-    for quota, period in ((("cpu.max",), None),
-                          *(((d, "cpu.cfs_quota_us"), (d, "cpu.cfs_period_us"))
-                            for d in ("cpu", "cpu,cpuacct"))):
-        try:
-            with open(os.path.join(CGROUP, *quota)) as f:
-                words = f.read().split()
-            if period is not None:
-                with open(os.path.join(CGROUP, *period)) as f:
-                    words = words[:1] + f.read().split()[:1]
-        except OSError:
-            continue
-        try:
-            share = int(words[0]) / int(words[1])
-        except (ValueError, IndexError, ZeroDivisionError):  # "max", v1's -1: no quota
-            return None
-        return share if share > 0 else None
-    return None
+    """The CPUs' worth of time this process may take: the smallest quota of its own control
+    group and of each above it (`PROC_CGROUP` says where it lives; cgroup v2's ``cpu.max``,
+    v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None: no quota, or none readable."""
+    where = {}
+    try:
+        with open(PROC_CGROUP) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if not controllers or "cpu" in controllers.split(","):
+                    where["v1" if controllers else "v2"] = path
+    except (OSError, ValueError):
+        pass
+    files = [(os.path.join(CGROUP, rel, "cpu.max"), None) for rel in _up(where.get("v2"))]
+    files += [(os.path.join(CGROUP, d, rel, "cpu.cfs_quota_us"),
+               os.path.join(CGROUP, d, rel, "cpu.cfs_period_us"))
+              for d in ("cpu", "cpu,cpuacct") for rel in _up(where.get("v1"))]
+    shares = [share for share in (_share(*f) for f in files) if share]
+    return min(shares) if shares else None
+
+
+def _up(path):
+    """A control group's path and each above it, relative to the root (``"a/b"``, ``"a"``,
+    ``""``)."""
+    parts = [p for p in (path or "").split("/") if p and p != ".."]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _share(quota, period):
+    """The CPUs' worth of one control group's quota file (and v1's period file), or None."""
+    try:
+        with open(quota) as f:
+            words = f.read().split()
+        if period is not None:
+            with open(period) as f:
+                words = words[:1] + f.read().split()[:1]
+        share = int(words[0]) / int(words[1])
+    except (OSError, ValueError, IndexError, ZeroDivisionError):  # "max", v1's -1: none
+        return None
+    return share if share > 0 else None
 
 
 def _count(value):

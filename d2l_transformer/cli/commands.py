@@ -12,7 +12,7 @@ import os
 import sys
 
 from .. import checkpoint
-from ..config import load_overrides, parse_overrides, preset_config, resume_overrides
+from ..config import load_overrides, parse_overrides, preset_config
 from ..context import parse_ctx, parse_ctx_list
 from ..data import DataError, TokenizerError
 from ..distributed.kvstore import create_kvstore
@@ -29,6 +29,7 @@ from ..inference.limits import (
 )
 from ..io import atomic
 from ..report.book import compare, load_run, printed_lines
+from ..training.inputs import saved_config
 from ..training.run import RunError, train_model
 from . import parser
 from .guard import EXIT_BAD_INPUT, EXIT_BUG, EXIT_ERROR, guarded  # noqa: F401 (EXIT_BUG)
@@ -114,7 +115,8 @@ def cmd_evaluate(args):
                             examples=args.examples, no_unk=args.no_unk,
                             engine_threads=args.engine_threads,
                             test=(args.src, args.ref) if args.src else None,
-                            compute_type=args.compute_type)
+                            compute_type=args.compute_type,
+                            heldout={"valid": args.valid, "test": args.test})
     print(format_report(report))
     if args.json:
         _write_json(args.json, report)
@@ -152,8 +154,7 @@ def _train_config(args):
         if args.max_pairs is not None and not args.resume:
             overrides["num_examples"] = args.max_pairs - 1  # d2l keeps lines 0..num_examples
         if args.resume or args.init_from:
-            cfg = resume_overrides(checkpoint.load_config(args.init_from or args.out), overrides,
-                                   fine_tune=bool(args.init_from))
+            cfg = saved_config(args.init_from or args.out, overrides, bool(args.init_from))
         else:
             cfg = preset_config(args.preset, args.edition, args.architecture).with_overrides(
                 overrides)
@@ -179,7 +180,8 @@ def cmd_train(args):
                           preset=args.preset, valid_every=args.valid_every,
                           patience=args.patience, average_last=args.average_last,
                           overwrite=args.overwrite, valid=args.valid, test=args.test,
-                          init_from=args.init_from)
+                          init_from=args.init_from,
+                          languages=(args.source_lang, args.target_lang))
     if "translations" in summary:  # rank 0 of a finished run
         print("\n".join(printed_lines(summary)))
     return 0

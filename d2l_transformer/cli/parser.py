@@ -169,6 +169,10 @@ def _add_translate_and_evaluate(sub, commands):
                                 "of each is one more reference of that sentence)")
             e.add_argument("--lowercase", action="store_true",
                            help="case-insensitive scores (always so for lower-casing models)")
+            for part in ("valid", "test"):
+                e.add_argument(f"--{part}", nargs=2, metavar=("SRC", "REF"), default=None,
+                               help=f"the --{part} files the model was trained with, at their "
+                                    "new place (checked against the SHA-256 it recorded)")
 
 
 def _add_launch(sub, commands):

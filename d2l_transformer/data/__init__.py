@@ -14,9 +14,10 @@ from .corpus import (
     read_corpus,
     read_heldout,
 )
+from .keys import fold_sentence, normalize_sentence, strict_sentence
 from .languages import language_code, language_name
 from .lengths import format_lengths, keep_pairs, length_limit, length_ratio
-from .pipeline import Data, SplitData, load_data, load_data_split, make_tokenizer
+from .pipeline import Data, SplitData, load_data, load_data_split, make_tokenizer, trained_part
 from .sources import (
     DATA_ENV,
     DataError,
@@ -34,12 +35,13 @@ from .split import (
     Pairs,
     Split,
     evaluation_sets,
+    group_split,
     heldout_nmt,
     make_parts,
-    normalize_sentence,
     overlap,
     overlaps,
     read_pairs,
+    scored,
     split_by_group,
     split_by_pair,
     split_by_source,

@@ -76,7 +76,7 @@ def read_corpus(data=None, source_lang=None, target_lang=None, columns=None):
     (``counts``: ``lines``, ``empty``). `columns`: the column languages a model directory
     recorded (one corpus). DataError, one line, naming the file, when a corpus holds no pair."""
     if isinstance(data, Corpus):
-        return data
+        return data if "lines" in data.counts else _counted(data)
     origins = [open_data(data, source_lang, target_lang, columns)] if columns else \
         open_corpora(data, source_lang, target_lang)
     sources, targets, records, counts = [], [], [], {"lines": 0, "empty": 0}
@@ -93,6 +93,17 @@ def read_corpus(data=None, source_lang=None, target_lang=None, columns=None):
     first = origins[0]
     return Corpus(sources, targets, first.source_lang, first.target_lang, tuple(origins),
                   counts, tuple(records))
+
+
+def _counted(corpus):
+    """An in-memory `Corpus` made without counts, read as a corpus on disk is: the pairs with
+    an empty side dropped and counted (``lines``, ``empty``)."""
+    src, tgt = corpus.sources, corpus.targets
+    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s.strip() and t.strip()]
+    _check_not_empty(corpus, len(src), len(keep), src, tgt)
+    return dataclasses.replace(corpus, sources=[src[i] for i in keep],
+                               targets=[tgt[i] for i in keep],
+                               counts=dict(corpus.counts, lines=len(src), empty=len(src) - len(keep)))
 
 
 def _check_not_empty(origin, lines, kept, src, tgt):

@@ -13,6 +13,9 @@ _CODE = re.compile(r"[a-z]{2,3}([-_][a-z0-9]{2,8})*")
 COMPRESSED_SUFFIXES = (".gz", ".xz", ".bz2")
 
 
+UNTOLD = "cannot tell the languages of"  # how the DataError of a nameless corpus begins
+
+
 class DataError(ValueError):
     """The dataset cannot be read; the message is one line naming the path (and the line)."""
 
@@ -108,7 +111,7 @@ def choose_direction(columns, source_lang=None, target_lang=None, shown="the dat
                         *columns, source_lang, target_lang)
         return (source_lang, target_lang), source_lang, target_lang
     if None in columns:
-        raise DataError(f"cannot tell the languages of {shown} from its name: give "
+        raise DataError(f"{UNTOLD} {shown} from its name: give "
                         "--source-lang and --target-lang (the first column is the source)")
     first, second = columns
     if first == second:

@@ -5,7 +5,8 @@ A pair's length is its longer row: the source's tokens, or the target's with ``<
 ``<eos>`` (what a batch holds). `length_limit`: the preset's ``num_steps`` when it gives one,
 else twice the 99th percentile of the training part's pair lengths, so that only outliers (a
 misaligned or concatenated line) pass it: 154 tokens on the Bible of `../shared/data/bible.sh`
-(its longest pair has 122), 54 on fra-eng.zip (whose longest has 100). `keep_pairs` drops and
+(its longest pair has 122), 54 on fra-eng.zip (whose longest has 97 in the `full` preset's
+training part; 102 on the split by d2l's key). `keep_pairs` drops and
 counts the pairs over the limit (never cut: a cut target loses its ``<eos>``, and a model that
 never sees a long sentence end does not end one) and those whose sides' lengths differ too
 much (`RATIO`). `length_ratio`: the target/source ratio a translation may reach

@@ -97,7 +97,7 @@ def _encode(tok, train, min_freq, vocabs=None):
 
 def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_valid=0,
                     num_test=0, num_buckets=0, path=None, *, rank=0, num_workers=1,
-                    tokenizer="word", vocab_size=0, split_by="group", joint_vocab=False,
+                    tokenizer="word", vocab_size=0, split_by="folded", joint_vocab=False,
                     batch_tokens=0, clean=True, valid=None, test=None, vocabs=None):
     """The held-out pipeline: a `SplitData` ``(src_vocab, tgt_vocab, train_iter, valid, test,
     tokenizer, report)``; valid and test are `Pairs` of text (`split.make_parts`).
@@ -133,6 +133,17 @@ def load_data_split(batch_size, num_steps, num_examples=None, min_freq=3, num_va
         train_iter = load_array(_padded(src_ids, tgt_ids, limit, src_vocab, tgt_vocab, rank,
                                         num_workers), batch_size)
     return SplitData(src_vocab, tgt_vocab, train_iter, parts.valid, parts.test, tok, report)
+
+
+def trained_part(train, tok, num_steps, clean, vocabs):
+    """The pairs of the training part `train` (`split.Pairs`) a run trained on: those within
+    the length limit (`num_steps`, 0: the data's, `lengths.length_limit`) and, with `clean`,
+    the length ratio (`lengths.keep_pairs`), measured in the model's tokenizer `tok` and
+    vocabularies `vocabs` (the rule `load_data_split` drops pairs by)."""
+    src_ids, tgt_ids, _, _ = _encode(tok, train, 0, vocabs)
+    limit, _ = length_limit(src_ids.lengths, tgt_ids.lengths, num_steps)
+    keep, _ = keep_pairs(src_ids.lengths, tgt_ids.lengths, limit, ratio=clean)
+    return type(train)([train.source[i] for i in keep], [train.target[i] for i in keep])
 
 
 def _padded(src_ids, tgt_ids, width, src_vocab, tgt_vocab, rank, num_workers):

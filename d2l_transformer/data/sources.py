@@ -243,6 +243,16 @@ def open_data(data=None, source_lang=None, target_lang=None, columns=None):
     model directory recorded them. DataError, one line."""
     if hasattr(data, "source_lang") and hasattr(data, "pairs"):
         return data
+    files, member = _located(data)
+    shown = " and ".join(os.path.basename(f) for f in files)
+    named = tuple(columns) if columns else _names_languages(files, member)
+    langs, src, tgt = choose_direction(named, source_lang, target_lang, shown)
+    return DataSource(files, langs, src, tgt, member)
+
+
+def _located(data):
+    """``(files, member)``: the absolute files of `data` (what `open_data` takes, not a
+    source) and a zip's text member; DataError for a missing file or a directory."""
     paths = [default_data_path()] if data is None else \
         [data] if isinstance(data, (str, os.PathLike)) else list(data)
     if not 1 <= len(paths) <= 2:
@@ -255,11 +265,15 @@ def open_data(data=None, source_lang=None, target_lang=None, columns=None):
         if os.path.isdir(f):
             raise DataError(f"{f} is a directory, not a data file")
     is_zip = len(files) == 1 and (files[0].lower().endswith(".zip") or zipfile.is_zipfile(files[0]))
-    member = _zip_member(files[0]) if is_zip else None
-    shown = " and ".join(os.path.basename(f) for f in files)
-    named = tuple(columns) if columns else _names_languages(files, member)
-    langs, src, tgt = choose_direction(named, source_lang, target_lang, shown)
-    return DataSource(files, langs, src, tgt, member)
+    return files, _zip_member(files[0]) if is_zip else None
+
+
+def named_languages(data):
+    """The languages the file names of `data` (what `open_data` takes) tell, ``(first
+    column's, second's)``, or ``(None, None)``; a source's own columns."""
+    if hasattr(data, "source_lang") and hasattr(data, "pairs"):
+        return tuple(getattr(data, "columns", (data.source_lang, data.target_lang)))
+    return _names_languages(*_located(data))
 
 
 def open_corpora(data=None, source_lang=None, target_lang=None):
@@ -268,7 +282,10 @@ def open_corpora(data=None, source_lang=None, target_lang=None):
     other must hold. DataError, one line, naming the corpus that does not."""
     many = isinstance(data, (list, tuple)) and data and \
         all(isinstance(d, (list, tuple)) or hasattr(d, "pairs") for d in data)
-    sources = [open_data(d, source_lang, target_lang) for d in (data if many else [data])]
+    data = list(data) if many else [data]
+    if source_lang and target_lang and len(data) > 1:  # the flags win over each name: the
+        _check_names_agree(data)                       # names must still be one pair
+    sources = [open_data(d, source_lang, target_lang) for d in data]
     first = sources[0]
     for other in sources[1:]:
         if {other.source_lang, other.target_lang} != {first.source_lang, first.target_lang}:
@@ -277,3 +294,17 @@ def open_corpora(data=None, source_lang=None, target_lang=None):
                             "corpus's): every --data of a run is one pair of languages")
     return [s if s.source_lang == first.source_lang else open_data(
         s.files, first.source_lang, first.target_lang, s.columns) for s in sources]
+
+
+def _check_names_agree(data):
+    """DataError, one line, when the file names of two corpora of `data` tell two pairs of
+    languages."""
+    told = [(d, named_languages(d)) for d in data]
+    told = [(d, set(n)) for d, n in told if None not in n]
+    for d, names in told[1:]:
+        if names != told[0][1]:
+            shown = [" and ".join(map(str, x if isinstance(x, (list, tuple)) else [x]))
+                     for x in (d, told[0][0])]
+            raise DataError(f"{shown[0]} holds {' and '.join(sorted(names))} by its name, "
+                            f"{shown[1]} {' and '.join(sorted(told[0][1]))}: every --data of a "
+                            "run is one pair of languages")

@@ -19,20 +19,13 @@ import os
 import numpy as onp
 
 from .corpus import clean_pairs, read_corpus
+from .keys import fold_sentence, normalize_sentence, strict_sentence
 from .sources import DataError, progress
 from .text import preprocess_fast, read_data_nmt, tokenize_nmt_lines
 
 Pairs = collections.namedtuple("Pairs", ["source", "target"])
 Split = collections.namedtuple("Split", ["train", "valid", "test"])
 Overlap = collections.namedtuple("Overlap", ["sources", "references", "unseen"])
-
-
-def normalize_sentence(sentence):
-    """The key that decides "the same sentence", on either side: d2l's preprocessing (lower
-    case, a space before ``, . !``) with whitespace collapsed. `sentence`: text, or d2l tokens."""
-    if not isinstance(sentence, str):
-        return " ".join(" ".join(sentence).split())  # already preprocessed tokens
-    return " ".join(preprocess_fast(sentence).split())
 
 
 def read_pairs(path=None, num_examples=None):
@@ -45,21 +38,27 @@ def read_pairs(path=None, num_examples=None):
     return Pairs(sources, targets)
 
 
+def _strict(sentence):  # text, or d2l tokens
+    return strict_sentence(sentence if isinstance(sentence, str) else " ".join(sentence))
+
+
 def overlap(sentences, seen):
-    """How many of `sentences` (text or d2l tokens) also occur, normalised, among `seen`: the
-    test sources (or references) a model may have memorised rather than translated."""
-    keys = {normalize_sentence(s) for s in seen}
-    return sum(normalize_sentence(s) in keys for s in sentences)
+    """How many of `sentences` (text or d2l tokens) also occur among `seen` under the strict
+    key (`keys.strict_sentence`, stricter than any split's): the test sources (or references) a
+    model may have memorised rather than translated."""
+    keys = {_strict(s) for s in seen}
+    return sum(_strict(s) in keys for s in sentences)
 
 
 def overlaps(part, train):
     """The `Overlap` of a part (`Pairs`; a target may be a list of references) with the training
     part: its sources seen as training sources, its references seen as training targets (a
-    pair's, when any of them is), and the indices of its pairs unseen on both sides."""
-    sources = {normalize_sentence(s) for s in train.source}
-    targets = {normalize_sentence(t) for t in train.target}
-    seen_s = [normalize_sentence(s) in sources for s in part.source]
-    seen_t = [any(normalize_sentence(r) in targets for r in ([t] if isinstance(t, str) else t))
+    pair's, when any of them is), and the indices of its pairs unseen on both sides; under the
+    strict key (`overlap`)."""
+    sources = {_strict(s) for s in train.source}
+    targets = {_strict(t) for t in train.target}
+    seen_s = [_strict(s) in sources for s in part.source]
+    seen_t = [any(_strict(r) in targets for r in ([t] if isinstance(t, str) else t))
               for t in part.target]  # a pair's references: one, or a list
     return Overlap(sum(seen_s), sum(seen_t),
                    [i for i, (a, b) in enumerate(zip(seen_s, seen_t)) if not (a or b)])
@@ -116,14 +115,11 @@ def _pick(source, target, split):
     return Split(*(Pairs([source[i] for i in idx], [target[i] for i in idx]) for idx in split))
 
 
-def split_by_group(source, target, num_valid, num_test, seed=0):
-    """A deterministic random ``(train, valid, test)`` split in which no sentence of a held-out
-    part, source or target, is in another part: the pairs are joined when they share a
-    normalised source or a normalised target (`normalize_sentence`; union-find), and each
-    connected group goes to one part (`_assign`, groups in order of first occurrence). Each part
-    is ``Pairs(source, target)``, exactly `num_valid` / `num_test` pairs when enough small
-    groups remain (as in fra.txt)."""
-    parent = list(range(len(source)))
+def _groups(source, target, key, skip=frozenset(), idx=None):
+    """The pairs `idx` (all when None) joined when they share a source or a target under `key`
+    (union-find; `skip`: keys that join nothing), as index lists in order of first occurrence."""
+    idx = range(len(source)) if idx is None else idx
+    parent = {i: i for i in idx}
 
     def root(i):
         while parent[i] != i:
@@ -131,15 +127,78 @@ def split_by_group(source, target, num_valid, num_test, seed=0):
             i = parent[i]
         return i
     first = {}
-    for i, pair in enumerate(progress(zip(source, target), "splitting by sentence groups", "pair")):
-        for key in (("s", normalize_sentence(pair[0])), ("t", normalize_sentence(pair[1]))):
-            a, b = root(first.setdefault(key, i)), root(i)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
+    for i in progress(idx, "splitting by sentence groups", "pair"):
+        for k in (("s", key(source[i])), ("t", key(target[i]))):
+            if k not in skip:
+                a, b = root(first.setdefault(k, i)), root(i)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
     groups = collections.defaultdict(list)
-    for i in range(len(source)):
+    for i in idx:
         groups[root(i)].append(i)  # in order of first occurrence: deterministic
-    return _pick(source, target, _assign(list(groups.values()), num_valid, num_test, seed))
+    return list(groups.values())
+
+
+def _break_giant(groups, source, target, key):
+    """``(groups, note)``: each group holding over a tenth of the pairs (a few very common
+    sentences, ``Yes.``, join most pairs) split again by its own structure (`_regroup`);
+    ``note`` (None when no group is that large) says so in one line."""
+    n = sum(len(g) for g in groups)
+    giants = [g for g in groups if 10 * len(g) > n]
+    if not giants:
+        return groups, None
+    kept, notes = [g for g in groups if 10 * len(g) <= n], []
+    for giant in giants:
+        pieces, hubs, shown, most = _regroup(giant, n, source, target, key)
+        kept += pieces
+        notes.append(f"one group of pairs joined by shared sentences holds {len(giant):,} of "
+                     f"the {n:,} pairs (its most common sentence: {shown!r}, in {most:,} "
+                     f"pairs): split again by its own structure, its {hubs:,} most common "
+                     f"sentences joining nothing, into {len(pieces):,} groups")
+    kept.sort(key=lambda g: g[0])  # in order of first occurrence, as `_groups` gives them
+    return kept, "; ".join(notes) + ("; a held-out pair may share one of those sentences with "
+                                     "training")
+
+
+def _regroup(giant, n, source, target, key):
+    """``(pieces, hubs, its most common sentence, its pairs)``: the pairs of `giant` grouped
+    anew with its most common sentences (each in at least the square root of the largest
+    piece's size of pairs) joining nothing, up to 3 rounds, until no piece holds over a tenth
+    of the `n` pairs."""
+    counts = collections.Counter(k for i in giant for k in (("s", key(source[i])),
+                                                            ("t", key(target[i]))))
+    (side, top), most = counts.most_common(1)[0]
+    text = source if side == "s" else target
+    shown = next(text[i] for i in giant if key(text[i]) == top)
+    hubs, pieces = set(), [giant]
+    for _ in range(3):
+        largest = max(pieces, key=len)
+        if 10 * len(largest) <= n:
+            break
+        hubs |= {k for k, c in counts.items() if c * c >= len(largest) and c > 1}
+        pieces = _groups(source, target, key, frozenset(hubs), sorted(giant))
+    return pieces, len(hubs), shown, most
+
+
+def group_split(source, target, num_valid, num_test, seed=0, key=fold_sentence):
+    """``(Split, note)``: `split_by_group` with `key`, and the note of `_break_giant` (None
+    unless one group held over a tenth of the pairs)."""
+    groups = _groups(source, target, key)
+    note = None
+    if groups and (num_valid or num_test):
+        groups, note = _break_giant(groups, source, target, key)
+    return _pick(source, target, _assign(groups, num_valid, num_test, seed)), note
+
+
+def split_by_group(source, target, num_valid, num_test, seed=0, key=fold_sentence):
+    """A deterministic random ``(train, valid, test)`` split in which no sentence of a held-out
+    part, source or target, is in another part: the pairs are joined when they share a source
+    or a target under `key` (`keys.fold_sentence`; `keys.normalize_sentence` for model
+    directories split by ``group`` before it), and each connected group goes to one part
+    (`_assign`, groups in order of first occurrence). Each part is ``Pairs(source, target)``,
+    exactly `num_valid` / `num_test` pairs when enough small groups remain (as in fra.txt). A
+    group of over a tenth of the pairs is split again (`_break_giant`)."""
+    return group_split(source, target, num_valid, num_test, seed, key)[0]
 
 
 def split_by_source(source, target, num_valid, num_test, seed=0):
@@ -161,20 +220,39 @@ def split_by_pair(source, target, num_valid, num_test, seed=0):
 
 
 SPLIT_SEED = 0  # the valid/test split is the same for every run, whatever its --seed
-SPLITS = {"group": split_by_group, "source": split_by_source, "pair": split_by_pair}
 
 
-def _without_heldout(source, target, heldout):
-    """The pairs sharing no normalised source or target with the user's own sets `heldout`
+def _d2l_groups(source, target, num_valid, num_test, seed=0):
+    """The split ``group`` as model directories were split by it: d2l's key, no group split
+    again."""
+    groups = _groups(source, target, normalize_sentence)
+    return _pick(source, target, _assign(groups, num_valid, num_test, seed))
+
+
+def _noted(split):
+    return lambda *args: (split(*args), None)
+
+
+# each split's ``(Split, note)`` of ``(source, target, num_valid, num_test, seed)``
+SPLITS = {"folded": group_split, "group": _noted(_d2l_groups),
+          "source": _noted(split_by_source), "pair": _noted(split_by_pair)}
+# the key of each split's "same sentence" (`keys`): "group" and "source" are d2l's, kept for the
+# model directories split by them
+SPLIT_KEYS = {"folded": fold_sentence, "group": normalize_sentence,
+              "source": normalize_sentence, "pair": normalize_sentence}
+
+
+def _without_heldout(source, target, heldout, key):
+    """The pairs sharing no source or target (under `key`) with the user's own sets `heldout`
     (``(sources, targets, record)`` each), and how many were dropped."""
-    sources = {normalize_sentence(s) for h in heldout for s in h[0]}
-    targets = {normalize_sentence(t) for h in heldout for t in h[1]}
+    sources = {key(s) for h in heldout for s in h[0]}
+    targets = {key(t) for h in heldout for t in h[1]}
     keep = [i for i, (s, t) in enumerate(zip(source, target))
-            if normalize_sentence(s) not in sources and normalize_sentence(t) not in targets]
+            if key(s) not in sources and key(t) not in targets]
     return [source[i] for i in keep], [target[i] for i in keep], len(source) - len(keep)
 
 
-def make_parts(data, num_examples=None, num_valid=0, num_test=0, by="group", *, clean=True,
+def make_parts(data, num_examples=None, num_valid=0, num_test=0, by="folded", *, clean=True,
                valid=None, test=None):
     """``(Split, report)``: the held-out parts of `data` (a `corpus.Corpus`, or what
     `corpus.read_corpus` reads), as a run trains on them. Its first ``num_examples + 1`` pairs
@@ -193,15 +271,19 @@ def make_parts(data, num_examples=None, num_valid=0, num_test=0, by="group", *, 
         counts["first"] = stop  # the first num_examples + 1 pairs (--max-pairs)
     given = [h for h in (valid, test) if h is not None]
     if given:
-        source, target, counts["shared_with_heldout"] = _without_heldout(source, target, given)
+        source, target, counts["shared_with_heldout"] = _without_heldout(source, target, given,
+                                                                     SPLIT_KEYS[by])
     n = len(source)
     asked = (0 if valid else num_valid, 0 if test else num_test)
-    train, part_v, part_t = SPLITS[by](source, target, *(min(a, n // 10) for a in asked), SPLIT_SEED)
+    (train, part_v, part_t), note = SPLITS[by](source, target, *(min(a, n // 10) for a in asked),
+                                               SPLIT_SEED)
     _check_parts(corpus, n, asked, (part_v, part_t), train)
     parts = Split(train, Pairs(*valid[:2]) if valid else part_v, Pairs(*test[:2]) if test else part_t)
     report = {"split": by, "counts": counts, "kept": n,
               "valid": valid[2] if valid else {"from": "split", "pairs": len(part_v.source)},
               "test": test[2] if test else {"from": "split", "pairs": len(part_t.source)}}
+    if note:
+        report["note"] = f"{corpus.shown}: {note}"
     return parts, report
 
 
@@ -219,25 +301,29 @@ def _check_parts(corpus, n, asked, parts, train):
         raise DataError(f"{corpus.shown}: no training pairs are left after the held-out parts")
 
 
-def split_corpus(num_examples=None, num_valid=0, num_test=0, path=None, by="group", *,
+def split_corpus(num_examples=None, num_valid=0, num_test=0, path=None, by="folded", *,
                  clean=True):
     """The `Split` of `make_parts` (train, valid and test `Pairs` of cleaned text) of the
     corpus at `path` (fra-eng.zip by default; a `corpus.Corpus`)."""
     return make_parts(path, num_examples, num_valid, num_test, by, clean=clean)[0]
 
 
-def evaluation_sets(cfg, src_vocab, tgt_vocab, data=None, *, valid=None, test=None):
+def evaluation_sets(cfg, src_vocab, tgt_vocab, data=None, *, valid=None, test=None,
+                    trained=None, max_sentences=None):
     """``([(name, Pairs of text, Overlap or None)], note)``: what ``evaluate`` scores of a model
     trained with `cfg` on `data`: its valid and test parts (`make_parts`; `valid`, `test`: the
     user's own sets it was trained with, named by their source file), or the chapter's training
     pairs and the pairs held out after them; ``note`` describes the chapter's held-out lines
-    (None otherwise). Each part's `Overlap` with the training part (`overlaps`)."""
+    (None otherwise). Each part's `Overlap` (`overlaps`), over its first `max_sentences` pairs
+    (the ones scored; None: all), with the pairs trained on: `trained` (a function) of the
+    training part, the pairs its length filters kept (`pipeline.trained_part`)."""
     if cfg.held_out or valid or test:
         parts, _ = make_parts(data, cfg.num_examples, cfg.num_valid, cfg.num_test, cfg.split_by,
                               clean=cfg.clean, valid=valid, test=test)
+        train = trained(parts.train) if trained else parts.train
         names = [os.path.basename(h[2]["files"][0]) if h else name
                  for name, h in (("valid", valid), ("test", test))]
-        return [(name, part, overlaps(part, parts.train))
+        return [(name, part, overlaps(scored(part, max_sentences), train))
                 for name, part in zip(names, parts[1:])], None
     corpus = read_corpus(data)
     train = read_pairs(corpus, cfg.num_examples)
@@ -248,6 +334,11 @@ def evaluation_sets(cfg, src_vocab, tgt_vocab, data=None, *, valid=None, test=No
             f"pairs ({held['excluded']} more, whose source is a training pair's, left out), "
             f"{len(held['in_vocab'][0])} with every token in the vocabularies")
     return [("training pairs", train, None)] + [
-        (name, Pairs(*held[key]), overlaps(Pairs(*held[key]), train))
+        (name, Pairs(*held[key]), overlaps(scored(Pairs(*held[key]), max_sentences), train))
         for name, key in (("held-out, in vocabulary", "in_vocab_text"),
                           ("held-out, unfiltered", "unfiltered_text"))], note
+
+
+def scored(part, max_sentences=None):
+    """The first `max_sentences` pairs of `part` (all when None): the ones ``evaluate`` scores."""
+    return Pairs(part.source[:max_sentences], part.target[:max_sentences])

@@ -41,6 +41,7 @@ import warnings
 
 import mxnet as mx
 
+from .._runtime import environ as _environ
 from .._runtime import threads as _threads
 from ..io import atomic
 from ..io.cache import cache_dir
@@ -135,7 +136,7 @@ def build(force=False):
 
 def _enabled():
     """``D2L_TRANSFORMER_KERNELS=0`` turns the kernels off (read at every `fused`)."""
-    return os.environ.get("D2L_TRANSFORMER_KERNELS", "1") != "0"
+    return _environ.kernels_enabled()
 
 
 def load():

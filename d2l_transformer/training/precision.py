@@ -116,16 +116,23 @@ def decide(medians, margin=MARGIN):
 
 
 def settle(cfg, tgt_size, ctxs, *, fast=True, log=None, src_size=None, batches=None, seed=0,
-           workers=1):
+           workers=1, recorded=None):
     """A run's precision, once, before its first kernel: `choose`'s, then oneDNN's instruction
     set for it (`cpu_math.settle`); float32 after all where this process's oneDNN computes no
     bfloat16 product (`_bfloat16_runs`, `cpu_math.amx_refused`); for ``auto`` on a
     machine-bound run, the faster by measurement (`measure`: `src_size` source tokens, default
     `tgt_size`; `batches`, the run's, for their largest shape; `seed`, the run's, to which
     MXNet's stream is reseeded after the probe); float32 for a run of several `workers` or
-    devices, which would each measure on their own and might choose apart. Its one line
-    (`Precision.notice`, or what was measured) on `log` (a stream) when there is one. Returns
-    ``(the Precision, the run's work)`` (`cpu_math.settle`'s)."""
+    devices, which would each measure on their own and might choose apart. `recorded`: what
+    a resumed ``auto`` run computed (summary.json's), kept rather than measured again. Its one
+    line (`Precision.notice`, or what was measured) on `log` (a stream) when there is one.
+    Returns ``(the Precision, the run's work)`` (`cpu_math.settle`'s)."""
+    if cfg.precision == "auto" and recorded in PRECISIONS:
+        chosen, work = settle(cfg.replace(precision=recorded), tgt_size, ctxs, fast=fast,
+                              log=log, src_size=src_size, batches=batches, seed=seed,
+                              workers=workers)
+        return Precision(chosen.name, "auto", f"the resumed run's, as recorded ({recorded}); "
+                         + chosen.why), work
     chosen = choose(cfg, tgt_size, ctxs, fast=fast)
     work = cpu_math.settle(cfg, tgt_size, bfloat16=chosen.bfloat16)
     if chosen.bfloat16:
@@ -213,3 +220,15 @@ def _bfloat16_runs():
     except mx.base.MXNetError:
         return False
     return True
+
+
+def record_change(summary, record, epoch):
+    """summary.json's ``precision`` (`Precision.record`) of a run (re)started at `epoch`, and its
+    ``precision_changes``: each precision the run computed in and the epoch it began at, a
+    new entry only when it changes."""
+    changes = summary.setdefault("precision_changes", [])
+    if not changes and summary.get("precision") and epoch > 1:  # resumed from before the list
+        changes.append({"epoch": 1, "precision": summary["precision"]["precision"]})
+    if not changes or changes[-1]["precision"] != record["precision"]:
+        changes.append({"epoch": epoch, "precision": record["precision"]})
+    summary["precision"] = record

@@ -2,6 +2,7 @@
 data, model, the loop, checkpoints, resuming, the four translations the chapter prints."""
 
 import contextlib
+import copy
 import os
 import sys
 import time
@@ -11,12 +12,13 @@ from mxnet import init, nd
 from .. import _runtime, checkpoint
 from ..build import build_model
 from ..distributed.kvstore import announce_rank, create_kvstore, worker_info
-from ..io import lock
+from ..io import lock, measured
 from . import precision
 from .inputs import data_record, load_inputs
 from .loop import check_one_device, rng_state, set_rng_state, set_seed, train_s2s_ch8
 from .loss import MaskedSoftmaxCELoss
 from .optim import config_trainer
+from .outdir import RunError, check_out_dir, keep_best, recorded_precision
 from .progress import ProgressBar
 from .steps import traceable
 from .translations import book_translations, corpus_translations, edition_translations
@@ -32,44 +34,10 @@ SUBMODELS = ("best", "average")  # model directories inside a run's model direct
 SEED_STRIDE = 100000  # epoch e of a run with seed s draws from seed s * SEED_STRIDE + e
 
 
-class RunError(ValueError):
-    """A training run cannot start as asked; the message is one line."""
-
-
-def check_out_dir(out_dir, *, resume=False, overwrite=False):
-    """Refuse (RunError, one line, before anything is written) a model directory a run may
-    not write: a file; a directory that is not a model directory this package wrote
-    (`checkpoint.is_model_dir`; an empty one is fine, the current directory never); a model
-    directory unless the run continues it (``resume``) or replaces it (``overwrite``), as
-    Sockeye's ``--output`` does. A missing path is fine."""
-    if out_dir is None:
-        return
-    if resume and overwrite:
-        raise RunError("--resume continues the model in the directory, --overwrite replaces "
-                       "it: give one of them")
-    path = os.path.abspath(out_dir)
-    if checkpoint.is_model_dir(path):
-        if not (resume or overwrite):
-            raise RunError(f"{out_dir} already holds a trained model: give --resume to continue "
-                           "it, --overwrite to replace it, or another --out")
-        return
-    if resume:
-        return  # the load says what is wrong with the directory
-    try:
-        checkpoint.atomic.check_replaceable(path)
-    except checkpoint.atomic.NotReplaceable:
-        what = "a directory that is not a model directory" if os.path.isdir(path) else "a file"
-        raise RunError(f"{out_dir} is {what}; training writes a model directory only into a "
-                       "new or empty directory (nothing was changed)") from None
-    if os.path.isdir(path) and os.path.realpath(path) == os.path.realpath(os.getcwd()):
-        raise RunError(f"{out_dir} is the current directory: give a subdirectory for the "
-                       "model directory")
-
-
 def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, resume=False,
                 data_path=None, checkpoint_every=1, progress=True, preset=None, log=None,
                 valid_every=None, patience=None, average_last=None, overwrite=False,
-                valid=None, test=None, init_from=None):
+                valid=None, test=None, init_from=None, languages=None):
     """Train `cfg` from seed `seed` and return its summary (what summary.json holds).
 
     The one way a chapter run trains: seed everything with `seed`, load the data, build the
@@ -98,10 +66,13 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
     ``valid``, ``test``: the user's own dev and test sets, two files each (the sources, the
     references), in place of the split's parts. ``init_from``: a model directory to fine-tune
     (its parameters, vocabularies and tokenizer; `cfg` is its config with what
-    `config.FINETUNABLE` lets change), from epoch 1 with a new Adam.
+    `config.FINETUNABLE` lets change), from epoch 1 with a new Adam. ``languages``: the
+    ``(source_lang, target_lang)`` the user gave (None where not): with ``init_from`` or
+    ``resume`` the data must hold the model's languages, by these, else by its file names.
 
     Validation (`validation.Validator`, for a run with a valid part): every ``valid_every``
-    epochs (None: 1 when it has one; 0: never), after the epoch's checkpoint is saved, the
+    epochs (None: 1 when it has one; 0: never), before the epoch's checkpoint is saved (with
+    it, its record and the early-stopping count: a crash and --resume give the same run), the
     valid loss and greedy BLEU of the first ``cfg.valid_sentences`` valid pairs, kept in the
     summary's ``validation``; the best by BLEU is saved as ``OUT/best``; ``patience``: stop
     after that many validations without a better BLEU. ``average_last`` = N: ``OUT/average``
@@ -113,8 +84,9 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
                overwrite=overwrite, log=log or sys.stderr, data_path=data_path,
                checkpoint_every=checkpoint_every, preset=preset, valid_every=valid_every,
                patience=patience, average_last=average_last, heldout=(valid, test),
-               init_from=init_from)
+               init_from=init_from, languages=languages or (None, None))
     with contextlib.ExitStack() as held:
+        held.enter_context(measured.training())  # others measuring keep nothing beside it
         if run.writer:  # one writer per model directory, from before anything is written
             try:
                 held.enter_context(lock.locked(out_dir, "trained"))
@@ -125,7 +97,8 @@ def train_model(cfg, out_dir=None, *, seed=0, ctx, kvstore="device", fast=True, 
         run.prepare_data()  # runs no kernel: oneDNN's instruction set is still open
         run.precision, run.work = precision.settle(  # pinned or not; auto: measured
             run.cfg, len(run.tgt_vocab), run.ctxs, fast=run.fast, log=run.log, seed=seed,
-            src_size=len(run.src_vocab), batches=run.train_iter, workers=run.num_workers)
+            src_size=len(run.src_vocab), batches=run.train_iter, workers=run.num_workers,
+            recorded=recorded_precision(out_dir, cfg) if resume else None)
         if not run.load_or_build_model():
             return run.summary  # trained as many epochs as asked already
         run.set_up_validation()
@@ -141,7 +114,7 @@ class _Run:
 
     def __init__(self, cfg, out_dir, ctx, kvstore, *, seed, fast, resume, overwrite, log,
                  data_path, checkpoint_every, preset, valid_every, patience, average_last,
-                 heldout=(None, None), init_from=None):
+                 heldout=(None, None), init_from=None, languages=(None, None)):
         check_out_dir(out_dir, resume=resume, overwrite=overwrite)
         if init_from and resume:
             raise RunError("--resume continues the run in --out, --init-from starts a new one "
@@ -171,7 +144,8 @@ class _Run:
         self.valid_every, self.patience, self.average_last = valid_every, patience, average_last
         self.carry = resume  # OUT/best and OUT/average of a model this run replaces are not its own
         self.bar, self.work = None, None  # work: the run's (`_runtime.cpu_math.settle`)
-        self.heldout, self.init_from = heldout, init_from
+        self.heldout, self.init_from, self.languages = heldout, init_from, languages
+        self.pending_best = None  # OUT/best's summary, saved after OUT by `finish`
 
     def prepare_data(self):
         """The data, read once (`inputs.load_inputs`: a resumed or fine-tuned model's tokenizer,
@@ -181,7 +155,8 @@ class _Run:
         self.data, self.cfg = load_inputs(
             self.cfg, self.batch_size, self.data_path, self.heldout,
             resume_dir=self.out_dir if self.resume else None, init_from=self.init_from,
-            rank=self.rank, num_workers=self.num_workers, fast=self.fast, say=self.say)
+            rank=self.rank, num_workers=self.num_workers, fast=self.fast, say=self.say,
+            languages=self.languages)
         self.src_vocab, self.tgt_vocab, self.train_iter, self.tokenizer = self.data[:4]
         self.edition_valid = self.data.edition_valid
         self.check_schedule()
@@ -204,6 +179,9 @@ class _Run:
             recorded.get("valid") or {}).get("files"))
         if self.valid_every is None:
             self.valid_every = 1 if has_valid else 0
+        if cfg.edition == "1.0" and any(self.heldout):
+            raise RunError("edition 1.0 validates as d2l 1.0 does (its loss on pairs of its own "
+                           "data): --valid and --test are not for it (give another --edition)")
         if self.valid_every and cfg.edition == "1.0" and cfg.num_valid:
             raise RunError("edition 1.0 validates as d2l 1.0 does (its loss every epoch): "
                            "--valid-every is not for it")
@@ -248,7 +226,11 @@ class _Run:
             raise checkpoint.CheckpointError(f"{out_dir} was trained with --seed "
                                              f"{summary.get('seed')}, not {self.seed}")
         checkpoint.load_trainer_states(out_dir, self.trainer)
+        summary["data"] = data_record(self.data)  # checked against it: a moved file's new place
         self.summary, self.start_epoch = summary, summary["epochs_done"] + 1
+        if self.writer:
+            keep_best(out_dir, summary, lambda epoch: self.save_sub(
+                "best", self.sub_summary(best_epoch=epoch)))
         if self.start_epoch > cfg.num_epochs:
             print(f"{out_dir} has already been trained {summary['epochs_done']} epochs; "
                   "give a larger --epochs to train on", file=self.log)
@@ -258,7 +240,8 @@ class _Run:
     def set_up_validation(self):
         """The `Validator` (if validating), early stopping, the epochs kept for averaging."""
         cfg, summary = self.cfg, self.summary
-        summary.update(fast=self.fast, precision=self.precision.record())  # what computed
+        summary["fast"] = self.fast
+        precision.record_change(summary, self.precision.record(), self.start_epoch)
         self.validator = Validator(self.model, self.data.parts[0], self.tokenizer, self.src_vocab,
                                    self.tgt_vocab, cfg, self.ctxs[0]) if self.valid_every else None
         self.stopping = EarlyStopping.from_state(self.patience, summary.get("best"))
@@ -313,27 +296,40 @@ class _Run:
         summary["rng_state"] = rng_state()  # the batch order's streams, for --resume
         if self.history is not None:
             self.history.add(epoch)
-        if self.writer and (epoch % self.checkpoint_every == 0 or epoch == self.cfg.num_epochs):
-            self.save()  # before validating: what validation does cannot lose the epoch
-        if self.validator is not None and epoch % self.valid_every == 0:
-            record = dict(self.validator(), epoch=epoch,
-                          train_seconds=round(summary["train_seconds"], 1))
-            summary["validation"].append(record)
-            improved = self.stopping.update(epoch, record["valid_bleu"])
-            summary["best"] = self.stopping.state()
-            self.say(format_validation(epoch, record, improved))
-            if self.writer and improved:
-                self.save()  # the summary with its best, and OUT/best
-                self.save_sub("best", best_epoch=epoch)
+        improved = self.validate(epoch)
+        stop = self.stopping.should_stop
+        if stop:
+            summary["stopped_early"] = epoch
+        saved = self.writer and not stop and epoch < self.cfg.num_epochs and (
+            improved or epoch % self.checkpoint_every == 0)
+        if saved:  # the epoch with its validation and early-stopping count, once (the last
+            self.save()  # or a stopping epoch is saved by `finish`: a crash repeats it)
+        if self.writer and improved:  # OUT/best after OUT; a crash between: `keep_best`
+            self.pending_best = self.sub_summary(best_epoch=epoch)
+            if saved:
+                self.save_sub("best", self.pending_best)
+                self.pending_best = None
         self.tic = time.time()
-        if not self.stopping.should_stop:
+        if not stop:
             return False
-        summary["stopped_early"] = epoch
         stopping, out_dir = self.stopping, self.out_dir
         self.say(f"stopping after epoch {epoch}: no better valid BLEU in {self.patience} "
                  f"validations (best {stopping.best_bleu:.2f} at epoch {stopping.best_epoch}, "
                  f"kept in {os.path.join(out_dir, 'best') if out_dir else 'no model directory'})")
         return True  # `train_s2s_ch8` ends the training here
+
+    def validate(self, epoch):
+        """This epoch's validation (when one is due) into the summary, with the early-stopping
+        count: True when its BLEU is the best so far."""
+        if self.validator is None or epoch % self.valid_every:
+            return False
+        record = dict(self.validator(), epoch=epoch,
+                      train_seconds=round(self.summary["train_seconds"], 1))
+        self.summary["validation"].append(record)
+        improved = self.stopping.update(epoch, record["valid_bleu"])
+        self.summary["best"] = self.stopping.state()
+        self.say(format_validation(epoch, record, improved))
+        return improved
 
     def finish(self):
         """The end: OUT/average, the summary's last fields, the translations, the last save."""
@@ -360,6 +356,8 @@ class _Run:
         summary["cpu_math"] = _runtime.cpu_math.describe(str(ctx))  # which kernels made these numbers
         if self.writer:
             self.save()
+            if self.pending_best is not None:  # the last epoch was the best
+                self.save_sub("best", self.pending_best)
 
     def average(self):
         """The last ``average_last`` epochs' mean: validated, in the summary, as OUT/average."""
@@ -375,7 +373,7 @@ class _Run:
                                         f"{history.epochs[-1]}", average, False), file=self.log)
             self.summary["average"] = average
             if self.writer:
-                self.save_sub("average", **{"average": average})
+                self.save_sub("average", self.sub_summary(average=average))
 
     def save(self):
         """``OUT`` with the trainer's states (a replaced run's OUT/best, OUT/average dropped)."""
@@ -384,12 +382,16 @@ class _Run:
                         drop=() if self.carry else SUBMODELS)
         self.carry = True
 
-    def save_sub(self, name, **extra):
+    def sub_summary(self, **extra):
+        """The summary of ``OUT/best`` or ``OUT/average`` as it is now, with `extra`."""
+        sub = {k: v for k, v in self.summary.items() if k not in ("rng_state", "translations")}
+        return copy.deepcopy(dict(sub, **extra))
+
+    def save_sub(self, name, summary):
         """``OUT/best``, ``OUT/average``: model directories of their own."""
         path = os.path.join(self.out_dir, name)
-        sub = {k: v for k, v in self.summary.items() if k not in ("rng_state", "translations")}
-        checkpoint.save(path, self.model, self.src_vocab, self.tgt_vocab, self.cfg,
-                        dict(sub, **extra), tokenizer=self.tokenizer)
+        checkpoint.save(path, self.model, self.src_vocab, self.tgt_vocab, self.cfg, summary,
+                        tokenizer=self.tokenizer)
         return path
 
     def say(self, line):

@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Where a run's memory goes: the `hour` preset trained on the Bible's verses with one setting
+changed per row, each row a training run in its own process, rounds interleaved, medians.
+
+    ../shared/data/bible.sh out/bible
+    .venv/bin/python scripts/bench_memory.py --bible out/bible --pairs 8000 --repeats 2
+
+Rows (the first ``--pairs`` pairs, English to German, no held-out parts, ``--epochs`` epochs,
+``--precision``, one thread: `D2L_TRANSFORMER_THREADS=1`, so that CPU seconds compare on a
+busy machine):
+
+* ``graph per call``: the package as it trains batches by length (`steps.static_batches`);
+* ``static graph``: its buffers planned once and kept (``static_alloc``), as before;
+* ``+ glibc mmap 128 KB``: the first, ``MALLOC_MMAP_THRESHOLD_=131072`` (glibc's threshold
+  fixed: a freed large block goes back to the system at once);
+* ``+ glibc 2 arenas``: the first, ``MALLOC_ARENA_MAX=2``.
+
+MXNet 1.9.1 has no CPU memory pool to set: ``MXNET_CPU_MEM_POOL_TYPE`` came with MXNet 2.0, and
+1.9.1's library does not read it (its name is not in ``libmxnet.so``).
+
+Prints (and writes ``--json``) each row's median peak resident memory, CPU seconds (user +
+system) and minor page faults of its process, and the loop's target tokens per second.
+docs/data.md, "Memory", has the figures.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROWS = {"graph per call": ({}, ""),
+        "static graph": ({}, "from d2l_transformer.training import loop\n"
+                             "loop.static_batches = lambda data_iter: True\n"),
+        "+ glibc mmap 128 KB": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, ""),
+        "+ glibc 2 arenas": ({"MALLOC_ARENA_MAX": "2"}, "")}
+CHILD = """import json, resource, sys
+{patch}from d2l_transformer.cli import main
+code = main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({{"code": code, "peak_rss_gb": peak / 1024 ** 2, "minor_faults": use.ru_minflt,
+                  "cpu_seconds": use.ru_utime + use.ru_stime}}))
+"""
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bible", required=True, help="the folder ../shared/data/bible.sh wrote")
+    p.add_argument("--pairs", type=int, default=8000)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--precision", default="float32")
+    p.add_argument("--json", default=None)
+    return p
+
+
+def run_row(name, args, out):
+    """One training run of row `name` in a process of its own: its figures."""
+    env, patch = ROWS[name]
+    argv = ["train", "--preset", "hour", "--data", os.path.join(args.bible, "bible.en"),
+            os.path.join(args.bible, "bible.de"), "--max-pairs", str(args.pairs), "--epochs",
+            str(args.epochs), "--set", "num_valid=0", "--set", "num_test=0", "--set",
+            f"precision={args.precision}", "--quiet", "--out", out, "--overwrite"]
+    run = subprocess.run([sys.executable, "-c", CHILD.format(patch=patch), *argv],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "D2L_TRANSFORMER_THREADS": "1", **env})
+    if run.returncode:
+        raise SystemExit(f"{name}: {run.stderr.strip().splitlines()[-1]}")
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    del figures["code"]
+    return dict(figures, tokens_per_sec=summary["tokens_per_sec"],
+                precision=summary["precision"]["precision"])
+
+
+def main(args):
+    figures = {name: [] for name in ROWS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for name in (ROWS if r % 2 == 0 else list(ROWS)[::-1]):
+                out = os.path.join(tmp, f"{r}-{len(figures[name])}-{list(ROWS).index(name)}")
+                figures[name].append(run_row(name, args, out))
+                print(name, figures[name][-1], flush=True)
+    keys = ("peak_rss_gb", "cpu_seconds", "minor_faults", "tokens_per_sec")
+    result = {name: dict(runs[-1], **{k: statistics.median(x[k] for x in runs) for k in keys})
+              for name, runs in figures.items()}
+    print(f"{'row':22} {'peak RSS':>9} {'CPU s':>7} {'faults':>9} {'tokens/s':>9}")
+    for name, r in result.items():
+        print(f"{name:22} {r['peak_rss_gb']:8.2f}G {r['cpu_seconds']:7.1f} "
+              f"{r['minor_faults']:9.0f} {r['tokens_per_sec']:9.0f}  ({r['precision']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": result, "runs": figures}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(get_parser().parse_args()))
