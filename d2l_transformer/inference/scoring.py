@@ -16,7 +16,7 @@ from mxnet import np
 
 from ..data import truncate_pad
 from . import step as _step
-from .limits import SentenceError, check_lengths
+from .limits import SentenceError, check_length, check_lengths
 from .translator import _log_softmax
 
 Score = collections.namedtuple("Score", ["tokens", "log_probs"])
@@ -76,3 +76,27 @@ def _score_batch(translator, graph, sources, targets):
     log_probs = _log_softmax(logits.reshape(rows * width, V)).reshape(rows, width, V)
     return [Score(vocab.to_tokens(g), log_probs[r, onp.arange(len(g)), g].astype(float).tolist())
             for r, g in enumerate(gold)]
+
+
+def score_texts(engine, sources, targets, chunk=512):
+    """Each (source text, target text) pair's `Score` by `engine` (`engines`: ``score``), the
+    texts tokenized by its tokenizer, `chunk` pairs at a time with a progress bar on a
+    terminal (`stream.progress`). SentenceError (one line, ``line N: ...``) for a pair no
+    model can score; ValueError for lists of different lengths."""
+    from .stream import progress
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} references")
+    tok = engine.tokenizer
+    src, tgt = [tok.encode(s) for s in sources], [tok.encode_target(t) for t in targets]
+    for i, (s, t) in enumerate(zip(src, tgt), 1):
+        try:
+            check_length(s, engine.max_positions, max_tokens=None)
+            check_length(t + ["<eos>"], engine.max_positions, max_tokens=None)
+        except SentenceError as e:
+            raise SentenceError(f"line {i}: {e}", e.too_large, e.reason) from None
+    out = []
+    with progress(len(src), unit="pairs") as bar:
+        for start in range(0, len(src), chunk):
+            out += engine.score(src[start:start + chunk], tgt[start:start + chunk])
+            bar.update(len(src[start:start + chunk]))
+    return out
