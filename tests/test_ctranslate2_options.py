@@ -286,14 +286,17 @@ def test_a_compute_type_the_cpu_lacks_or_for_mxnet_is_one_line(tiny, capsys, mon
     with pytest.raises(EngineError, match=f"^--compute-type {lacking}: "):
         CTranslate2Engine(model_dir, compute_type=lacking)
     mxnet = "error: --compute-type is an option of --engine ctranslate2, not of --engine mxnet\n"
-    for argv in (["translate", "--model", model_dir, "--compute-type", "int8", "go ."],
-                 ["evaluate", "--model", model_dir, "--compute-type", "float32"]):
+    for argv in (["translate", "--engine", "mxnet", "--model", model_dir, "--compute-type",
+                  "int8", "go ."],
+                 ["evaluate", "--engine", "mxnet", "--model", model_dir, "--compute-type",
+                  "float32"]):
         assert cli.main(argv) == 2, argv
         assert capsys.readouterr().err == mxnet
     with pytest.raises(EngineError):
         open_engine(model_dir, "mxnet", compute_type="int8")
     pytest.importorskip("fastapi", reason="the serve extra is not installed")
-    assert cli.main(["serve", "--model", model_dir, "--port", "0", "--compute-type", "int8"]) == 2
+    assert cli.main(["serve", "--engine", "mxnet", "--model", model_dir, "--port", "0",
+                     "--compute-type", "int8"]) == 2
     assert capsys.readouterr().err == mxnet
     assert cli.main(["serve", "--model", model_dir, "--port", "0", "--engine", "ctranslate2",
                      "--compute-type", lacking]) == 2

@@ -32,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    engine = Engine(model_dir, "cpu")
+    engine = Engine(model_dir, "cpu", engine="mxnet")
     yield engine
     engine.close()
 
@@ -177,7 +177,8 @@ def servers(model_dir, tmp_path_factory):
         port = free_port()
         log = open(logs / f"{name}.log", "w")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer.cli", "serve", "--model",
+        proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer.cli", "serve", "--engine", "mxnet",
+                                 "--model",
                                  model_dir, "--port", str(port), "--ctx", "cpu"] + extra,
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
         started.append((name, f"http://127.0.0.1:{port}/", proc, log))
