@@ -2,11 +2,14 @@
 
 ``open_engine(model_dir, engine)`` gives an object that translates token lists:
 ``translate(sentences, beam_size=1, alpha=ALPHA, *, n_best=None)`` -> one `Hypothesis(tokens,
-score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
+score, log_prob)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
 ``log P(Y | x) / ((5 + |Y|) / 6) ** alpha`` with |Y| counting ``<eos>`` (the Transformer paper,
-6.1). Both engines also carry the model's `cfg`, `src_vocab`, `tgt_vocab`, `tokenizer` and
-`max_positions`, so that the callers check and tokenize sentences by the package's one rule
-(`limits`).
+6.1), log_prob the plain ``log P(Y | x)``; ``sample(sentences, topk, temperature, seed)`` -> one
+sampled `Hypothesis` each; ``score(sources, targets)`` -> a `scoring.Score` per pair. The
+default engine, ``"auto"``, is `choose_engine`'s: CTranslate2 where it runs the model, the
+MXNet engine elsewhere (the engine's ``choice`` says which). Both engines also carry the
+model's `cfg`, `src_vocab`, `tgt_vocab`, `tokenizer` and `max_positions`, so that the callers
+check and tokenize sentences by the package's one rule (`limits`).
 
 * ``"mxnet"`` (`MXNetEngine`): the package's `Translator` over the MXNet model (a model trained
   with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also
