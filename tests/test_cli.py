@@ -159,7 +159,7 @@ def test_translate_drops_a_leading_byte_order_mark(model_dir, monkeypatch, capsy
 
 def test_help_names_every_command_without_markup(capsys):
     """The top-level help's text names every command (serve too); no help shows reST markup."""
-    commands = ["train", "translate", "evaluate", "launch", "serve", "export", "compare"]
+    commands = ["train", "translate", "evaluate", "score", "launch", "serve", "export", "compare"]
     helps = []
     for argv in [[]] + [[c] for c in commands]:
         with pytest.raises(SystemExit) as e:

@@ -163,7 +163,7 @@ def test_other_routes(client, engine):
     assert 'id="translate"' in page.text and "http:" not in page.text and "https:" not in page.text
     schema = client.get("/openapi.json").json()
     body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
-    assert set(body["schema"]["properties"]) == {"text", "beam", "attention", "api_key"}
+    assert set(body["schema"]["properties"]) == {"text", "beam", "nbest", "attention", "api_key"}
     assert client.get("/docs").status_code == 200
 
 
@@ -494,7 +494,7 @@ def test_serve_options_reach_the_server(monkeypatch):
                      "mt.example.org, 10.0.0.2", "--api-key", "k"]) == 0
     assert calls[-1] == (("m", "0.0.0.0", 8000, "auto"),
                          {"allowed_hosts": ["mt.example.org", "10.0.0.2"], "api_key": "k",
-                          "engine": "mxnet", "engine_threads": 0, "compute_type": None})
+                          "engine": "auto", "engine_threads": 0, "compute_type": None})
     monkeypatch.setenv("D2L_TRANSFORMER_API_KEY", "from-env")
     assert cli.main(["serve", "--model", "m", "--engine", "ctranslate2", "--engine-threads",
                      "3", "--compute-type", "int8"]) == 0
