@@ -327,10 +327,5 @@ def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, bat
             engine, why = "mxnet", f"the CTranslate2 export could not be made: {e}"
     if opened is None:
         opened = MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
-    opened.choice = choice_line(engine, why)
+    opened.choice = why and f"engine: {engine} ({why}; --engine mxnet or ctranslate2 forces one)"
     return opened
-
-
-def choice_line(engine, why):
-    """The one line saying which engine ``auto`` took and why (None: none was taken)."""
-    return why and f"engine: {engine} ({why}; --engine mxnet or ctranslate2 forces one)"

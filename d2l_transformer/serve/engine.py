@@ -28,14 +28,11 @@ from mxnet import npx
 from .. import checkpoint
 from ..context import parse_ctx
 from ..inference.engines import (
-    AUTO,
     DEFAULT_ENGINE,
-    CTranslate2Engine,
     EngineError,
     MXNetEngine,
     check_engine_options,
-    choice_line,
-    choose_engine,
+    open_engine,
 )
 from ..inference.export import ExportError
 from ..inference.limits import ExactChapterError, require_corrected
@@ -159,24 +156,17 @@ class Engine:
     def _load(self, ctx_spec):
         npx.set_np()  # per thread: the chapter's numpy mode for this thread's MXNet calls
         ctx = parse_ctx(ctx_spec)
-        # the MXNet model: the attention weights, and the translations of the "mxnet" engine
-        self.explainer = MXNetEngine.load(self.model_dir, ctx, batch_size=self.max_batch)
-        engine, why = self.engine, None
-        if engine == AUTO:  # as `inference.engines.open_engine`
-            engine, why = choose_engine(self.model_dir, ctx)
-            if engine == "mxnet" and self.compute_type is not None:
-                raise ServeError(f"--compute-type is an option of the ctranslate2 engine; {why}")
-        self.translator = self.explainer
-        if engine == "ctranslate2":
-            try:
-                self.translator = CTranslate2Engine(self.model_dir, batch_size=self.max_batch,
-                                                    intra_threads=self.engine_threads,
-                                                    compute_type=self.compute_type)
-            except (ExportError, EngineError) as e:
-                if why is None or self.compute_type is not None:
-                    raise ServeError(str(e)) from None
-                engine, why = "mxnet", f"the CTranslate2 export could not be made: {e}"
-        self.choice = choice_line(engine, why)
+        try:  # the one choice of `inference.engines.open_engine` (``auto``: said in `choice`)
+            self.translator = open_engine(self.model_dir, self.engine, ctx,
+                                          batch_size=self.max_batch,
+                                          engine_threads=self.engine_threads,
+                                          compute_type=self.compute_type)
+        except (ExportError, EngineError) as e:
+            raise ServeError(str(e)) from None
+        self.choice = self.translator.choice
+        # the MXNet model: the attention weights (and the translations of the "mxnet" engine)
+        self.explainer = self.translator if self.translator.name == "mxnet" else \
+            MXNetEngine.load(self.model_dir, ctx, batch_size=self.max_batch)
         model, cfg, summary = self.explainer.model, self.explainer.cfg, self.explainer.summary
         self.tokenizer, self.src_vocab = self.explainer.tokenizer, self.explainer.src_vocab
         self.tgt_vocab = self.explainer.tgt_vocab
