@@ -118,6 +118,19 @@ def test_the_measurement_is_cached_once_per_machine_and_model(monkeypatch, cache
     assert _best("int16") == 1 and len(calls) == calls_before + 2
 
 
+def test_a_busy_machine_measures_nothing_and_takes_one_thread(monkeypatch, cache):
+    """What it would measure under another job's load is not kept (`measured.keep`): measuring
+    it on every run would cost each its seconds for nothing."""
+    monkeypatch.setattr(_threads, "physical_cores", lambda: 4)
+    calls = _fake_measure(monkeypatch, {1: [3.0] * 3, 2: [1.0] * 3, 4: [2.0] * 3})
+    monkeypatch.setattr(measured, "busy", lambda: "the machine was busy (load average 9.0)")
+    assert _best() == 1 and calls == [] and not cache.exists()
+    monkeypatch.setattr(measured, "busy", lambda: None)
+    assert _best() == 2 and calls == [[1, 2, 4]]  # quiet again: measured and kept
+    monkeypatch.setattr(measured, "busy", lambda: "the machine was busy (load average 9.0)")
+    assert _best() == 2 and len(calls) == 1  # what was kept is used, busy or not
+
+
 @pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"format": "other", "entries": {}}',
                                     "\xff\xfe", "two", 100000, 3])
 def test_a_damaged_cache_is_ignored_in_one_line_and_written_anew(monkeypatch, cache, caplog,
