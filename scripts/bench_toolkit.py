@@ -49,13 +49,18 @@ def bench_evaluate(model, rounds, max_sentences):
                 with open(out) as f:
                     report = json.load(f)
                 runs[engine].append({"seconds": round(seconds, 1), "engine": report["engine"],
+                                     "decoding_seconds": round(sum(
+                                         r["seconds"] for s in report["sets"]
+                                         for r in s["decoders"].values()), 1),
                                      "bleu": {s["name"]: {d: round(r["bleu"], 2) for d, r in
                                                           s["decoders"].items()}
                                               for s in report["sets"]},
                                      "scored": {s["name"]: s["scored"] for s in report["sets"]}})
     median = {e: statistics.median(r["seconds"] for r in v) for e, v in runs.items()}
-    return {"runs": runs, "median_seconds": median,
-            "speedup": round(median["mxnet"] / median["auto"], 2)}
+    decoding = {e: statistics.median(r["decoding_seconds"] for r in v) for e, v in runs.items()}
+    return {"runs": runs, "median_seconds": median, "median_decoding_seconds": decoding,
+            "speedup": round(median["mxnet"] / median["auto"], 2),
+            "decoding_speedup": round(decoding["mxnet"] / decoding["auto"], 2)}
 
 
 def bench_decoding(model, sentences):
