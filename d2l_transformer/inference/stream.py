@@ -9,8 +9,8 @@ Output formats (``d2l-transformer translate --format``; docs/usage.md):
 * ``tsv``: one line per hypothesis, ``index<TAB>rank<TAB>score<TAB>log_prob<TAB>translation``:
   the input's index (0 for the first sentence), the hypothesis' rank (1: the best), the score
   beam search ranks by (GNMT's length-penalised ``log P / ((5 + |Y|) / 6) ** alpha``), the
-  plain ``log P(Y | X)`` (the sum over its tokens and ``<eos>``), and the text; a refused input
-  has no line.
+  plain ``log P(Y | X)`` (the sum over its tokens and ``<eos>``), and the text (the two scores
+  empty for a model only the chapter's loop decodes); a refused input has no line.
 * ``jsonl``: the same, one JSON object per hypothesis: ``index``, ``rank``, ``score``,
   ``log_prob``, ``translation``.
 """
@@ -69,7 +69,8 @@ def output_lines(index, hyps, tokenizer, fmt="text"):
                                      "log_prob": log_prob, "translation": text},
                                     ensure_ascii=False))
         else:
-            lines.append(f"{index}\t{rank}\t{score}\t{log_prob}\t{text}")
+            shown = ["" if x is None else x for x in (score, log_prob)]  # None: the chapter's loop
+            lines.append(f"{index}\t{rank}\t{shown[0]}\t{shown[1]}\t{text}")
     return lines
 
 
