@@ -196,6 +196,7 @@ def test_translate_streams_a_long_input_in_order(chapter, capsys, monkeypatch):
     assert len(out) == len(texts) and out[:200] * 12 == out
 
 
+@pytest.mark.slow
 def test_evaluate_caps_held_out_sets_by_default_and_says_so(chapter):
     report = evaluate_model(chapter["dir"], beam=2)
     held = report["sets"][-1]
