@@ -40,13 +40,16 @@ USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # on
 
 # ---------------------------------------------------------------------------------- translating
 def _open_engine(args, ctx):
-    """The engine of ``--model`` and ``--engine`` (`open_engine`); ``auto``'s choice said in
-    one line on stderr."""
-    engine = open_engine(args.model, args.engine, ctx, no_unk=getattr(args, "no_unk", False),
-                         engine_threads=args.engine_threads, compute_type=args.compute_type)
+    """The engine of ``--model`` and ``--engine`` (`open_engine`)."""
+    return open_engine(args.model, args.engine, ctx, no_unk=getattr(args, "no_unk", False),
+                       engine_threads=args.engine_threads, compute_type=args.compute_type)
+
+
+def _say_choice(engine):
+    """``auto``'s choice in one line on stderr; said once the engine has done its first work,
+    so that a refusal before that stays the one line it is."""
     if engine.choice:
         print(engine.choice, file=sys.stderr)
-    return engine
 
 
 def _decoding(args):
@@ -78,6 +81,8 @@ def cmd_translate(args):
     with progress() as bar:  # a bar on a terminal's stderr; each chunk written as it is done
         for inputs, tokens, hyps, bad in translate_chunks(engine, chunks, args.beam, args.alpha,
                                                           **decoding):
+            if not index:  # the first chunk translated
+                _say_choice(engine)
             for h in hyps:  # text: a line per input line; tsv, jsonl: none for a refused one
                 for line in output_lines(index, h, tokenizer, fmt):
                     print(line)
@@ -115,6 +120,7 @@ def cmd_score(args):
         scores = score_texts(engine, sources, refs)
     except ValueError as e:  # SentenceError included: line N, one line
         raise UserError(str(e)) from None
+    _say_choice(engine)
     for i, sc in enumerate(scores):
         log_prob, per_token = total(sc)
         if args.format == "jsonl":
