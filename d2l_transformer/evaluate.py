@@ -30,10 +30,12 @@ from .data import (
 )
 from .inference.engines import DEFAULT_ENGINE, open_engine
 from .inference.limits import chapter_only
+from .inference.stream import decode_all
 from .inference.translator import ALPHA, BEAM_SIZE
 
 # the sentences whose BLEU d2l prints (`book.REFERENCES`) as fra.txt spells them (the input of
 # a cased, subword model)
+MAX_SENTENCES = 2000  # the pairs of each held-out set `evaluate_model` scores unless told
 BLEU_PAIRS_TEXT = [("Go.", "Va !"), ("I lost.", "J'ai perdu."), ("He's calm.", "Il est calme."),
                    ("I'm home.", "Je suis chez moi.")]
 
@@ -179,12 +181,15 @@ def translate_texts(engine, texts, beam=1, alpha=ALPHA):
 
 
 def _translate(engine, texts, beam, alpha):
-    """``(translations, how many were too long to translate)``: `translate_texts`."""
+    """``(translations, how many were too long to translate)``: `translate_texts`, in chunks
+    with a progress bar on a terminal's stderr (`stream.decode_all`)."""
     tok = engine.tokenizer
     tokens = [tok.encode(t) for t in texts]
     fits = [0 < len(t) <= engine.max_positions for t in tokens]
-    hyps = iter(engine.translate([t for t, ok in zip(tokens, fits) if ok], beam, alpha))
-    return [tok.decode(list(next(hyps).tokens)) if ok else "" for ok in fits], fits.count(False)
+    hyps = iter(decode_all(engine, [t for t, ok in zip(tokens, fits) if ok], beam, alpha,
+                           desc="greedy" if beam == 1 else f"beam {beam}"))
+    return [tok.decode(list(next(hyps)[0].tokens)) if ok else "" for ok in fits], \
+        fits.count(False)
 
 
 def translate_and_score(engine, sources, references, beam=1, alpha=ALPHA, *, lowercase=False):
@@ -205,9 +210,11 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
                    engine_threads=0, test=None, compute_type=None, heldout=None):
     """Score the model directory `model_dir` (what ``d2l-transformer evaluate --model`` prints,
     `format_report`) translated by `engine` (``"mxnet"`` or ``"ctranslate2"``,
-    `inference.engines`): for an English-to-French model the chapter's four sentences with d2l's
-    `bleu`, then corpus BLEU and chrF (`score`, and `score_all_references`) of each evaluation
-    set (its first `max_sentences` pairs; None: all), greedy and with a beam of `beam` (greedy
+    `inference.engines`; ``"auto"``: `engines.choose_engine`'s): for an English-to-French
+    model the chapter's four sentences with d2l's `bleu`, then corpus BLEU and chrF (`score`,
+    and `score_all_references`) of each evaluation set (its first `max_sentences` pairs; 0:
+    all; None: all of a ``test`` set, the first `MAX_SENTENCES` of a held-out one, the report's
+    ``capped`` saying so), greedy and with a beam of `beam` (greedy
     only for an exact-chapter model). The sets: ``test``, a user's ``(source file, [reference
     files])`` (`read_test_set`), else `data.evaluation_sets` of the data the model was trained on
     (`checkpoint.trained_data`: `data_path`, else what its directory records, with the dev and
@@ -224,7 +231,11 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
     cfg, tok = translator.cfg, translator.tokenizer
     lowercase = tok.lowercase or lowercase
     decoders = [("greedy", 1)] + ([] if chapter_only(cfg) else [(f"beam {beam}", beam)])
-    report = {"model": model_dir, "engine": translator.name,
+    if max_sentences is None and test is None:
+        max_sentences, report_cap = MAX_SENTENCES, MAX_SENTENCES
+    else:
+        report_cap = None
+    report = {"model": model_dir, "engine": translator.name, "engine_choice": translator.choice,
               "compute_type": translator.compute_type, "engine_threads": translator.intra_threads,
               "preset": translator.summary.get("preset"), "tokenizer": tok.kind,
               "source_lang": cfg.pair[0], "target_lang": cfg.pair[1],
@@ -243,7 +254,10 @@ def evaluate_model(model_dir, *, engine=DEFAULT_ENGINE, ctx=None, beam=BEAM_SIZE
         report["note"] = note
     for name, pairs, overlap in sets:
         report["sets"].append(_score_set(translator, name, pairs, overlap, decoders, alpha,
-                                         max_sentences, lowercase, examples, test is None))
+                                         max_sentences or None, lowercase, examples,
+                                         test is None))
+    if report_cap and any(e["pairs"] > e["scored"] for e in report["sets"]):
+        report["capped"] = report_cap
     return report
 
 
@@ -336,13 +350,18 @@ def _training_part(model_dir, cfg, data_path, heldout, translator):
 def format_report(report):
     """The text ``d2l-transformer evaluate --model`` prints for an `evaluate_model` report."""
     words = WordTokenizer()
-    lines = ["the chapter's sentences, per-sentence BLEU (d2l's bleu, k=2, on d2l's lower-cased "
-             "tokens):"] if report["chapter_sentences"] else []
+    lines = [report["engine_choice"]] if report.get("engine_choice") else []
+    if report["chapter_sentences"]:
+        lines.append("the chapter's sentences, per-sentence BLEU (d2l's bleu, k=2, on d2l's "
+                     "lower-cased tokens):")
     for c in report["chapter_sentences"]:
         shown = c["source"] if report["tokenizer"] == "subword" else " ".join(words.encode(c["source"]))
         lines.append(f"  [{c['decoder']}] {shown} => {c['translation']}, bleu {c['d2l_bleu']:.3f}")
     if report.get("note"):
         lines.append(report["note"])
+    if report.get("capped"):
+        lines.append(f"scored the first {report['capped']:,} pairs of each held-out set "
+                     "(--max-sentences 0 scores all)")
     lines.append(f"corpus BLEU and chrF (the {report['engine']} engine's translations; sacreBLEU, "
                  "detokenized output against the untokenized references"
                  + (", case-insensitive" if report["lowercase"] else "") + "):")

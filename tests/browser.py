@@ -145,7 +145,7 @@ def screenshot(model_dir, path, sentence="I won !", kind="cross", layer=1, head=
     from d2l_transformer.serve.app import create_app
     from d2l_transformer.serve.engine import Engine
 
-    engine = Engine(model_dir, "cpu")
+    engine = Engine(model_dir, "cpu", engine="mxnet")
     server, browser = ServerThread(create_app(engine)), Browser()
     try:
         d = browser.driver

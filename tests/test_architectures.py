@@ -136,11 +136,12 @@ def test_translate_and_evaluate_a_seq2seq_model(seq2seq_dir):
     summary = json.loads((seq2seq_dir / "summary.json").read_text())
     assert summary["architecture"] == "seq2seq" and summary["fast"] is False
     assert len(summary["epoch_history"]) == 2 and summary["loss"] < summary["epoch_history"][0][1]
-    r = _cli("translate", "--model", str(seq2seq_dir), "--ctx", "cpu", "Go .", "I won !")
+    r = _cli("translate", "--engine", "mxnet", "--model", str(seq2seq_dir), "--ctx", "cpu", "Go .", "I won !")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [summary["translations"]["Go ."],
                                      summary["translations"]["I won !"]]
-    r = _cli("evaluate", "--model", str(seq2seq_dir), "--ctx", "cpu", "--max-sentences", "20")
+    r = _cli("evaluate", "--engine", "mxnet",
+             "--model", str(seq2seq_dir), "--ctx", "cpu", "--max-sentences", "20")
     assert r.returncode == 0 and "greedy: BLEU" in r.stdout and "beam" not in r.stdout, r.stderr
 
 

@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    engine = Engine(model_dir, "cpu")
+    engine = Engine(model_dir, "cpu", engine="mxnet")
     server = ServerThread(create_app(engine))
     yield server.url
     server.stop()
@@ -148,7 +148,7 @@ def test_standalone_file_offline_shows_the_same_weights(server, model_dir, brows
     from d2l_transformer.cli import commands as cli
 
     path = tmp_path / "explorer.html"
-    assert cli.main(["translate", "--model", model_dir, "--beam", "4", "--ctx", "cpu",
+    assert cli.main(["translate", "--engine", "mxnet", "--model", model_dir, "--beam", "4", "--ctx", "cpu",
                      "--attention-html", str(path), "I won !", "Go ."]) == 0
     items = api(server, ["I won !", "Go ."])
     browser.set_offline(True)
@@ -186,7 +186,7 @@ def test_the_pages_labels_follow_the_models_pair(browser, tmp_path):
     out = str(tmp_path / "fr-en")
     train_model(CHAPTER.replace(num_epochs=2, source_lang="fr"), out, ctx=mx.cpu(),
                 progress=False, log=io.StringIO())
-    engine = Engine(out, "cpu")
+    engine = Engine(out, "cpu", engine="mxnet")
     served = ServerThread(create_app(engine))
     try:
         d = browser.driver

@@ -93,7 +93,7 @@ def test_bug_keeps_its_traceback_user_errors_are_one_line(tmp_path, monkeypatch,
 
 def test_translate_arguments_and_heatmaps(model_dir, tmp_path, capsys):
     att = str(tmp_path / "att")
-    assert cli.main(["translate", "--model", model_dir, "I won!", "Go.", "--beam", "4",
+    assert cli.main(["translate", "--engine", "mxnet", "--model", model_dir, "I won!", "Go.", "--beam", "4",
                      "--attention", att]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and all(out)
@@ -110,7 +110,7 @@ def test_translate_arguments_and_heatmaps(model_dir, tmp_path, capsys):
 ])
 def test_translate_bad_lines_are_skipped(model_dir, monkeypatch, capsys, data, message):
     _stdin(monkeypatch, data)
-    assert cli.main(["translate", "--model", model_dir]) == 1
+    assert cli.main(["translate", "--engine", "mxnet", "--model", model_dir]) == 1
     captured = capsys.readouterr()
     assert captured.err.strip() == f"error: {message}" or \
         captured.err.strip().startswith(f"error: {message}")
@@ -125,7 +125,7 @@ def test_translate_random_bytes_said_once(model_dir, monkeypatch, capsys):
     rng = random.Random(0)
     data = bytes(rng.getrandbits(8) for _ in range(200_000))
     _stdin(monkeypatch, data)
-    assert cli.main(["translate", "--model", model_dir]) == cli.EXIT_BAD_INPUT
+    assert cli.main(["translate", "--engine", "mxnet", "--model", model_dir]) == cli.EXIT_BAD_INPUT
     captured = capsys.readouterr()
     assert captured.out.count("\n") == len(data.splitlines())
     err = captured.err.splitlines()
@@ -159,7 +159,7 @@ def test_translate_drops_a_leading_byte_order_mark(model_dir, monkeypatch, capsy
 
 def test_help_names_every_command_without_markup(capsys):
     """The top-level help's text names every command (serve too); no help shows reST markup."""
-    commands = ["train", "translate", "evaluate", "launch", "serve", "export", "compare"]
+    commands = ["train", "translate", "evaluate", "score", "launch", "serve", "export", "compare"]
     helps = []
     for argv in [[]] + [[c] for c in commands]:
         with pytest.raises(SystemExit) as e:
@@ -173,14 +173,15 @@ def test_help_names_every_command_without_markup(capsys):
 
 
 def test_missing_model_dir_and_bad_options(tmp_path, capsys):
-    assert cli.main(["translate", "--model", str(tmp_path / "nope"), "go ."]) == 2
+    assert cli.main(["translate", "--engine", "mxnet", "--model", str(tmp_path / "nope"), "go ."]) == 2
     assert capsys.readouterr().err.strip() == f"error: model directory {tmp_path / 'nope'} does not exist"
     (tmp_path / "model.params").write_text("not a model directory")
-    assert cli.main(["translate", "--model", str(tmp_path / "model.params"), "go ."]) == 2
+    assert cli.main(["translate", "--engine", "mxnet",
+                     "--model", str(tmp_path / "model.params"), "go ."]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {tmp_path / 'model.params'} is a file, not a model directory (give the "
         "directory `train --out` wrote)")
-    assert cli.main(["translate", "--model", str(tmp_path), "--beam", "0", "go ."]) == 2
+    assert cli.main(["translate", "--engine", "mxnet", "--model", str(tmp_path), "--beam", "0", "go ."]) == 2
     absent = f"gpu:{mx.context.num_gpus()}"  # one past the last GPU
     assert cli.main(["train", "--preset", "tiny", "--ctx", absent, "--out", str(tmp_path)]) == 2
     assert cli.main(["compare", str(tmp_path)]) == 2
@@ -219,7 +220,8 @@ def test_a_negative_engine_threads_is_one_line(tmp_path, capsys):
 
 
 def test_evaluate_and_compare(model_dir, capsys):
-    assert cli.main(["evaluate", "--model", model_dir, "--max-sentences", "20", "--beam", "2"]) == 0
+    assert cli.main(["evaluate", "--engine", "mxnet",
+                     "--model", model_dir, "--max-sentences", "20", "--beam", "2"]) == 0
     out = capsys.readouterr().out
     assert "[greedy] go . => " in out and "bleu " in out
     assert "held-out: lines 201.. of fra.txt: 166927 pairs (2 more, whose source" in out
@@ -238,7 +240,8 @@ def test_full_preset_tiny_slice(tmp_path, capsys):
     out = str(tmp_path / "full")
     assert cli.main(["train", "--preset", "full", "--max-pairs", "600", "--epochs", "1",
                      "--ctx", "cpu", "--quiet", "--out", out]) == 0
-    assert cli.main(["evaluate", "--model", out, "--max-sentences", "10", "--beam", "2"]) == 0
+    assert cli.main(["evaluate", "--engine", "mxnet",
+                     "--model", out, "--max-sentences", "10", "--beam", "2"]) == 0
     text = capsys.readouterr().out
     assert "valid (10 of 59)" in text and "test (10 of 59)" in text  # a tenth, after cleaning
 

@@ -232,14 +232,14 @@ def test_a_long_corpus_trains_on_gz_with_own_sets_and_its_translations_end(tmp_p
     assert lengths["over_limit"] == 0 and lengths["limit"] > 80 and "none dropped" in err
     assert summary["data"]["test"]["files"] == [os.path.abspath(f) for f in test]
     assert summary["validation"][-1]["sentences"] == 30
-    assert cli.main(["evaluate", "--model", out, "--ctx", "cpu", "--beam", "2", "--json",
+    assert cli.main(["evaluate", "--engine", "mxnet", "--model", out, "--ctx", "cpu", "--beam", "2", "--json",
                      str(tmp_path / "e.json")]) == 0
     report = json.load(open(tmp_path / "e.json"))
     assert [s["name"] for s in report["sets"]] == ["dev.en", "test.en"]
     assert report["sets"][1]["scored"] == 30  # every line
     refs = [p[1] for p in long_pairs(30, 3, 20, 60)]
     capsys.readouterr()
-    assert cli.main(["translate", "--model", out, "--ctx", "cpu",
+    assert cli.main(["translate", "--engine", "mxnet", "--model", out, "--ctx", "cpu",
                      *[p[0] for p in long_pairs(30, 3, 20, 60)][:10]]) == 0
     outputs = capsys.readouterr().out.splitlines()
     ended = sum(o.endswith(".") and abs(len(o.split()) - len(r.split())) <= 3
@@ -280,9 +280,9 @@ def test_subwords_on_a_preset_without_held_out_parts_train_and_load(tmp_path, ca
                      "--epochs", "1", "--ctx", "cpu", "--quiet", "--out", out]) == 0
     assert checkpoint.load_config(out).tokenizer == "subword"
     capsys.readouterr()
-    assert cli.main(["translate", "--model", out, "--ctx", "cpu", "Go."]) == 0
+    assert cli.main(["translate", "--engine", "mxnet", "--model", out, "--ctx", "cpu", "Go."]) == 0
     os.remove(os.path.join(out, "current", "spm_src.model"))
-    assert cli.main(["translate", "--model", out, "--ctx", "cpu", "Go."]) == 2
+    assert cli.main(["translate", "--engine", "mxnet", "--model", out, "--ctx", "cpu", "Go."]) == 2
     err = capsys.readouterr().err
     assert err == f"error: model directory {out}: spm_src.model is missing\n"  # once
 
@@ -293,13 +293,15 @@ def test_messages_name_what_is_missing(tmp_path, capsys):
                      "--out", model]) == 0
     ref = write(tmp_path / "ref.fr", ["Va !"])
     capsys.readouterr()
-    assert cli.main(["evaluate", "--model", model, "--src", str(tmp_path / "missing.txt"),
+    assert cli.main(["evaluate", "--engine", "mxnet",
+                     "--model", model, "--src", str(tmp_path / "missing.txt"),
                      "--ref", ref]) == 2
     err = capsys.readouterr().err
     assert "missing.txt not found" in err and "D2L_TRANSFORMER_DATA" not in err
     long = write(tmp_path / "long.en", ["Go. " * 600, "Hi."])
     refs = write(tmp_path / "long.fr", ["Va !", "Salut !"])
-    assert cli.main(["evaluate", "--model", model, "--src", long, "--ref", refs, "--json",
+    assert cli.main(["evaluate", "--engine", "mxnet",
+                     "--model", model, "--src", long, "--ref", refs, "--json",
                      str(tmp_path / "e.json")]) == 0  # 1,200 words: over the positions
     out = capsys.readouterr().out
     assert "1 of its sources are longer than the model's positions" in out

@@ -334,8 +334,9 @@ def test_a_run_settles_before_its_first_kernel(tmp_path):
     math = json.loads((big / "summary.json").read_text())["cpu_math"]
     assert not math["pinned"] and math["isa_cap"] is None
     assert math["why"].startswith("a machine-bound run: oneDNN on every instruction set")
-    assert _cli("translate", "--model", str(big), "go .") == own
-    assert _cli("translate", "--model", str(small), "go .") == ["dnnl_verbose,info,cpu,isa:Intel AVX2"]
+    assert _cli("translate", "--engine", "mxnet", "--model", str(big), "go .") == own
+    assert _cli("translate", "--engine", "mxnet",
+                "--model", str(small), "go .") == ["dnnl_verbose,info,cpu,isa:Intel AVX2"]
     # the same run in bfloat16 where the CPU has the units: AMX asked for where it has tiles
     flags = _cpu_math.cpu_flags() or set()
     if "avx512_bf16" not in flags and "amx_bf16" not in flags:

@@ -118,6 +118,19 @@ def test_the_measurement_is_cached_once_per_machine_and_model(monkeypatch, cache
     assert _best("int16") == 1 and len(calls) == calls_before + 2
 
 
+def test_a_busy_machine_measures_nothing_and_takes_one_thread(monkeypatch, cache):
+    """What it would measure under another job's load is not kept (`measured.keep`): measuring
+    it on every run would cost each its seconds for nothing."""
+    monkeypatch.setattr(_threads, "physical_cores", lambda: 4)
+    calls = _fake_measure(monkeypatch, {1: [3.0] * 3, 2: [1.0] * 3, 4: [2.0] * 3})
+    monkeypatch.setattr(measured, "busy", lambda: "the machine was busy (load average 9.0)")
+    assert _best() == 1 and calls == [] and not cache.exists()
+    monkeypatch.setattr(measured, "busy", lambda: None)
+    assert _best() == 2 and calls == [[1, 2, 4]]  # quiet again: measured and kept
+    monkeypatch.setattr(measured, "busy", lambda: "the machine was busy (load average 9.0)")
+    assert _best() == 2 and len(calls) == 1  # what was kept is used, busy or not
+
+
 @pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"format": "other", "entries": {}}',
                                     "\xff\xfe", "two", 100000, 3])
 def test_a_damaged_cache_is_ignored_in_one_line_and_written_anew(monkeypatch, cache, caplog,
@@ -286,14 +299,17 @@ def test_a_compute_type_the_cpu_lacks_or_for_mxnet_is_one_line(tiny, capsys, mon
     with pytest.raises(EngineError, match=f"^--compute-type {lacking}: "):
         CTranslate2Engine(model_dir, compute_type=lacking)
     mxnet = "error: --compute-type is an option of --engine ctranslate2, not of --engine mxnet\n"
-    for argv in (["translate", "--model", model_dir, "--compute-type", "int8", "go ."],
-                 ["evaluate", "--model", model_dir, "--compute-type", "float32"]):
+    for argv in (["translate", "--engine", "mxnet", "--model", model_dir, "--compute-type",
+                  "int8", "go ."],
+                 ["evaluate", "--engine", "mxnet", "--model", model_dir, "--compute-type",
+                  "float32"]):
         assert cli.main(argv) == 2, argv
         assert capsys.readouterr().err == mxnet
     with pytest.raises(EngineError):
         open_engine(model_dir, "mxnet", compute_type="int8")
     pytest.importorskip("fastapi", reason="the serve extra is not installed")
-    assert cli.main(["serve", "--model", model_dir, "--port", "0", "--compute-type", "int8"]) == 2
+    assert cli.main(["serve", "--engine", "mxnet", "--model", model_dir, "--port", "0",
+                     "--compute-type", "int8"]) == 2
     assert capsys.readouterr().err == mxnet
     assert cli.main(["serve", "--model", model_dir, "--port", "0", "--engine", "ctranslate2",
                      "--compute-type", lacking]) == 2

@@ -211,7 +211,7 @@ def test_a_corrected_1_0_model_trains_saves_and_translates(tmp_path):
     config = TransformerConfig.from_json((out / "config.json").read_text())
     assert config == EDITIONS["1.0"].replace(num_epochs=2, source_lang="en", target_lang="fr")
     texts = "Go.\nI lost.\nHe's calm.\nI'm home.\nWho are you?\n"
-    r = subprocess.run(cli + ["translate", "--model", str(out)], input=texts,
+    r = subprocess.run(cli + ["translate", "--engine", "mxnet", "--model", str(out)], input=texts,
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 5, r.stderr
     try:  # CTranslate2 on its export: the same greedy translations (<unk> is not id 0 here)

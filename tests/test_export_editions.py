@@ -56,7 +56,7 @@ def _isolated(code, cwd, args=(), stdin=""):
 def _cli_translate(model_dir, texts, capsys):
     """What ``d2l-transformer translate --model DIR TEXT...`` prints, one line a text."""
     capsys.readouterr()
-    assert cli.main(["translate", "--model", model_dir, *texts]) == 0
+    assert cli.main(["translate", "--engine", "mxnet", "--model", model_dir, *texts]) == 0
     return capsys.readouterr().out.splitlines()
 
 

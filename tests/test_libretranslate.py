@@ -32,7 +32,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    engine = Engine(model_dir, "cpu")
+    engine = Engine(model_dir, "cpu", engine="mxnet")
     yield engine
     engine.close()
 
@@ -87,6 +87,50 @@ def test_alternatives_are_the_beams_next_best(client, engine):
     assert [len(a) for a in r.json()["alternatives"]] == [1, 1]
 
 
+def test_our_api_returns_the_n_best_with_their_scores(client, engine):
+    r = client.post("/translate", json={"text": ["I won !", "Go ."], "beam": 2, "nbest": 3})
+    assert r.status_code == 200, r.text
+    items = r.json()["translations"]
+    hyps = engine.translator.translate([engine.encode("I won !"), engine.encode("Go .")],
+                                       beam_size=3, n_best=3)
+    for item, best in zip(items, hyps):
+        assert [h["translation"] for h in item["nbest"]] == [
+            engine.tokenizer.decode(list(h.tokens)) for h in best]
+        assert [h["score"] for h in item["nbest"]] == [round(h.score, 4) for h in best]
+        assert [h["log_prob"] for h in item["nbest"]] == [round(h.log_prob, 4) for h in best]
+        assert item["nbest"][0] == {k: item[k] for k in ("translation", "score", "log_prob")}
+    r = client.post("/translate", json={"text": ["Go ."]})
+    assert "nbest" not in r.json()["translations"][0]
+    r = client.post("/translate", json={"text": ["Go ."], "nbest": 1000})
+    assert r.status_code == 422 and r.json()["error"].startswith("nbest: ")
+
+
+def test_alternatives_over_http_from_a_running_server(engine):
+    """uvicorn on loopback, asked as LibreTranslate's clients ask (libretranslatepy's
+    ``translate`` has no ``alternatives``: raw HTTP, as its own requests are made)."""
+    from browser import ServerThread
+
+    server = ServerThread(create_app(engine))
+    try:
+        def post(body):
+            req = urllib.request.Request(server.url + "/translate", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+        status, body = post({"q": "I won !", "source": "en", "target": "fr", "alternatives": 2})
+        hyps = engine.translator.translate([engine.encode("I won !")], beam_size=4, n_best=3)[0]
+        texts = [engine.tokenizer.decode(list(h.tokens)) for h in hyps]
+        assert status == 200 and body["translatedText"] == texts[0]
+        assert body["alternatives"] == [t for t in texts[1:] if t != texts[0]]
+        assert post({"q": "Go .", "source": "en", "target": "fr", "alternatives": 1000}) == (
+            400, {"error": "Invalid request: alternatives parameter must be <= 15"})
+    finally:
+        server.stop()
+
+
 BAD = [
     ({"source": "en", "target": "fr"}, 400, "Invalid request: missing q parameter"),
     ({"q": "Go .", "target": "fr"}, 400, "Invalid request: missing source parameter"),
@@ -104,6 +148,8 @@ BAD = [
     ({"q": "Go .", "source": "en", "target": "fr", "alternatives": "x"}, 400,
      "Invalid request: alternatives parameter is not a number"),
     ({"q": "Go .", "source": "en", "target": "fr", "alternatives": 16}, 400,
+     "Invalid request: alternatives parameter must be <= 15"),
+    ({"q": "Go .", "source": "en", "target": "fr", "alternatives": 1000}, 400,
      "Invalid request: alternatives parameter must be <= 15"),
     ({"q": ["Go .", 3], "source": "en", "target": "fr"}, 400,
      "Invalid request: q must be a string or a list of strings"),
@@ -177,7 +223,8 @@ def servers(model_dir, tmp_path_factory):
         port = free_port()
         log = open(logs / f"{name}.log", "w")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer.cli", "serve", "--model",
+        proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer.cli", "serve", "--engine", "mxnet",
+                                 "--model",
                                  model_dir, "--port", str(port), "--ctx", "cpu"] + extra,
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
         started.append((name, f"http://127.0.0.1:{port}/", proc, log))

@@ -358,7 +358,7 @@ def test_a_model_trained_in_bfloat16_saves_float32_and_translates_in_a_float32_p
     checkpoint.load_trainer_states(str(out), trainer)  # Adam's moments, as saved
     states = trainer._updaters[0].states.values()
     assert {onp.dtype(s.dtype) for st in states for s in st} == {onp.dtype("float32")}
-    r = _cli("translate", "--model", str(out), "--ctx", "cpu", "go .", "i won !")
+    r = _cli("translate", "--engine", "mxnet", "--model", str(out), "--ctx", "cpu", "go .", "i won !")
     assert len(r.stdout.strip().splitlines()) == 2
 
 

@@ -30,7 +30,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    engine = Engine(model_dir, "cpu")
+    engine = Engine(model_dir, "cpu", engine="mxnet")
     yield engine
     engine.close()
 
@@ -163,7 +163,7 @@ def test_other_routes(client, engine):
     assert 'id="translate"' in page.text and "http:" not in page.text and "https:" not in page.text
     schema = client.get("/openapi.json").json()
     body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
-    assert set(body["schema"]["properties"]) == {"text", "beam", "attention", "api_key"}
+    assert set(body["schema"]["properties"]) == {"text", "beam", "nbest", "attention", "api_key"}
     assert client.get("/docs").status_code == 200
 
 
@@ -257,12 +257,13 @@ def test_the_one_rule_refuses_the_same_inputs_with_the_same_words(client, engine
                      "not valid Unicode (a lone surrogate at character 5)"]
     raw = "\n".join(cases).encode("utf-8", "surrogatepass")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))
-    assert cli.main(["translate", "--model", model_dir]) == 1
+    assert cli.main(["translate", "--engine", "mxnet", "--model", model_dir]) == 1
     err = capsys.readouterr().err.splitlines()
     expected = [f"error: line {i}: {w}; skipped" for i, w in enumerate(words, 1)]
     expected[-1] = "error: line 5: not UTF-8 (invalid continuation byte at byte 5); skipped"
     assert err == expected  # the last line's bytes are not UTF-8 on stdin
-    assert cli.main(["translate", "--model", model_dir, "go . \udcff"]) == 1  # argv's bytes
+    assert cli.main(["translate", "--engine", "mxnet",
+                     "--model", model_dir, "go . \udcff"]) == 1  # argv's bytes
     assert capsys.readouterr().err.strip() == \
         "error: argument 1: not valid Unicode (a lone surrogate at character 5); skipped"
     with pytest.raises(SentenceError, match="^sentence 1: empty sentence$"):
@@ -398,7 +399,7 @@ def test_the_body_limit_is_linear_and_has_a_deadline():
 def test_a_closed_or_dead_engine_answers_at_once(model_dir):
     from d2l_transformer.serve.engine import Unavailable
 
-    engine = Engine(model_dir, "cpu")
+    engine = Engine(model_dir, "cpu", engine="mxnet")
     with TestClient(create_app(engine), base_url=BASE) as c:
         assert c.get("/health").json()["status"] == "ok"
         real = engine._thread
@@ -424,7 +425,7 @@ def test_a_closed_or_dead_engine_answers_at_once(model_dir):
 def test_work_taken_by_a_worker_that_dies_fails_at_once(model_dir, monkeypatch):
     from d2l_transformer.serve.engine import Unavailable
 
-    engine = Engine(model_dir, "cpu")
+    engine = Engine(model_dir, "cpu", engine="mxnet")
 
     def dies(jobs):
         raise SystemExit("the worker thread ends")  # not an Exception: the thread itself ends
@@ -476,7 +477,7 @@ def test_an_exact_chapter_model_is_refused_in_one_line(tmp_path, capsys):
                "--exact-chapter (the book's bugs); translate it with d2l-transformer translate "
                f"--model {out}")
     with pytest.raises(ServeError) as e:
-        Engine(out, "cpu")
+        Engine(out, "cpu", engine="mxnet")
     assert str(e.value) == message
     assert cli.main(["serve", "--model", out, "--port", "0"]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
@@ -493,7 +494,7 @@ def test_serve_options_reach_the_server(monkeypatch):
                      "mt.example.org, 10.0.0.2", "--api-key", "k"]) == 0
     assert calls[-1] == (("m", "0.0.0.0", 8000, "auto"),
                          {"allowed_hosts": ["mt.example.org", "10.0.0.2"], "api_key": "k",
-                          "engine": "mxnet", "engine_threads": 0, "compute_type": None})
+                          "engine": "auto", "engine_threads": 0, "compute_type": None})
     monkeypatch.setenv("D2L_TRANSFORMER_API_KEY", "from-env")
     assert cli.main(["serve", "--model", "m", "--engine", "ctranslate2", "--engine-threads",
                      "3", "--compute-type", "int8"]) == 0

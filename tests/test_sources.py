@@ -275,12 +275,12 @@ def test_another_pair_trains_translates_evaluates_exports_and_serves(tmp_path, l
     sources = [p[side] for p in pairs[:12]]
     target_chars = set("".join(p[1 - side] for p in pairs)) | {" "}
     capsys.readouterr()
-    assert cli.main(["translate", "--model", out, "--ctx", "cpu", *sources[:3]]) == 0
+    assert cli.main(["translate", "--engine", "mxnet", "--model", out, "--ctx", "cpu", *sources[:3]]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all(set(line) <= target_chars for line in lines)  # the target's script
 
     report = str(tmp_path / "eval.json")
-    assert cli.main(["evaluate", "--model", out, "--ctx", "cpu", "--max-sentences", "10",
+    assert cli.main(["evaluate", "--engine", "mxnet", "--model", out, "--ctx", "cpu", "--max-sentences", "10",
                      "--json", report]) == 0
     scored = json.load(open(report))
     assert (scored["source_lang"], scored["target_lang"]) == (source, target)
@@ -295,7 +295,7 @@ def test_another_pair_trains_translates_evaluates_exports_and_serves(tmp_path, l
     names = {"en": "English", "de": "German", "ru": "Russian", "ja": "Japanese", "ar": "Arabic"}
     assert readme.split("\n\n")[1].startswith(f"{names[source]} -> {names[target]}")
 
-    engine = Engine(out, "cpu")
+    engine = Engine(out, "cpu", engine="mxnet")
     server = ServerThread(create_app(engine))
     try:
         api = libre.LibreTranslateAPI(server.url + "/")

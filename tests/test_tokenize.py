@@ -122,12 +122,12 @@ def test_subword_model_directory_translates_raw_text(full_dir, capsys):
     tok = checkpoint.load_tokenizer(full_dir)
     assert tok.kind == "subword"
     capsys.readouterr()
-    assert cli.main(["translate", "--model", full_dir, "ZYXQV BLORFT 東京 🙂!",
+    assert cli.main(["translate", "--engine", "mxnet", "--model", full_dir, "ZYXQV BLORFT 東京 🙂!",
                      "do you want me to be your BODYGUARD?"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and len(captured.out.split("\n")) == 3  # two lines, both translated
     assert "<unk>" not in captured.out
-    assert cli.main(["translate", "--model", full_dir, "Go.", ""]) == 1
+    assert cli.main(["translate", "--engine", "mxnet", "--model", full_dir, "Go.", ""]) == 1
     assert capsys.readouterr().err.strip() == "error: argument 2: empty sentence; skipped"
 
 
@@ -138,7 +138,7 @@ def test_damaged_sentencepiece_model_is_one_line(full_dir, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(full_dir, copy)
     (copy / SPM_TGT).write_bytes(b"x" * len((copy / SPM_TGT).read_bytes()))
-    assert cli.main(["translate", "--model", str(copy), "Go."]) == 2
+    assert cli.main(["translate", "--engine", "mxnet", "--model", str(copy), "Go."]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: model directory") and SPM_TGT in err and err.count("\n") == 1
 

@@ -421,7 +421,8 @@ def test_all_trains_loads_translates_and_resumes(tmp_path, capsys):
     loaded = checkpoint.load_tokenizer(out)
     assert loaded.src_vocab().idx_to_token == loaded.tgt_vocab().idx_to_token
     capsys.readouterr()
-    assert cli.main(["translate", "--model", out, "--ctx", "cpu", "I am home.", "Go."]) == 0
+    assert cli.main(["translate", "--engine", "mxnet",
+                     "--model", out, "--ctx", "cpu", "I am home.", "Go."]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2  # one line each (1 epoch: not good)
     assert cli.main(ALL_RUN + ["--epochs", "2", "--out", out, "--resume"]) == 0
     assert "from epoch 2" in capsys.readouterr().err

@@ -58,7 +58,7 @@ def test_validation_each_epoch_best_dir_is_the_best(run, capsys):
         n for n in os.listdir(run) if os.path.isfile(os.path.join(run, n))
         and n != "manifest.json" and n[0] != ".")
     capsys.readouterr()
-    assert cli.main(["translate", "--model", os.path.join(run, "best"), "Go."]) == 0
+    assert cli.main(["translate", "--engine", "mxnet", "--model", os.path.join(run, "best"), "Go."]) == 0
     assert capsys.readouterr().out.strip()
 
 
@@ -71,7 +71,8 @@ def test_average_dir_holds_the_average_and_evaluates(run, capsys):
     a, b = model._collect_params_with_prefix(), last._collect_params_with_prefix()
     assert any((a[k].data() != b[k].data()).asnumpy().any() for k in a)  # not the last epoch
     capsys.readouterr()
-    assert cli.main(["evaluate", "--model", avg, "--max-sentences", "5", "--beam", "2"]) == 0
+    assert cli.main(["evaluate", "--engine", "mxnet",
+                     "--model", avg, "--max-sentences", "5", "--beam", "2"]) == 0
     assert "valid (5 of 19): greedy: BLEU" in capsys.readouterr().out
 
 

@@ -7,6 +7,7 @@ Errors the user can cause print one line ``error: ...`` and exit non-zero; anyth
 bug and keeps its traceback (`cli.guard`).
 """
 
+import json
 import logging
 import os
 import sys
@@ -14,19 +15,14 @@ import sys
 from .. import checkpoint
 from ..config import load_overrides, parse_overrides, preset_config
 from ..context import parse_ctx, parse_ctx_list
-from ..data import DataError, TokenizerError
+from ..data import DataError, TokenizerError, read_lines
 from ..distributed.kvstore import create_kvstore
 from ..distributed.launch import LaunchError, launch
 from ..evaluate import evaluate_model, format_files_report, format_report, score_files
 from ..inference.engines import EngineError, MXNetEngine, open_engine
 from ..inference.export import ExportError
-from ..inference.limits import (
-    ExactChapterError,
-    input_sentences,
-    refusal_report,
-    require_corrected,
-    screen_inputs,
-)
+from ..inference.limits import ExactChapterError, refusal_report, require_corrected
+from ..inference.stream import input_chunks, output_lines, progress, translate_chunks
 from ..io import atomic
 from ..report.book import compare, load_run, printed_lines
 from ..training.inputs import saved_config
@@ -44,44 +40,102 @@ USER_ERRORS = (UserError, checkpoint.CheckpointError, DataError, RunError,  # on
 
 
 # ---------------------------------------------------------------------------------- translating
+def _open_engine(args, ctx):
+    """The engine of ``--model`` and ``--engine`` (`open_engine`)."""
+    return open_engine(args.model, args.engine, ctx, no_unk=getattr(args, "no_unk", False),
+                       engine_threads=args.engine_threads, compute_type=args.compute_type)
+
+
+def _say_choice(engine):
+    """``auto``'s choice in one line on stderr; said once the engine has done its first work,
+    so that a refusal before that stays the one line it is."""
+    if engine.choice:
+        print(engine.choice, file=sys.stderr)
+
+
+def _decoding(args):
+    """``translate``'s decoding keywords (`stream.decode`): ``n_best`` or ``sampling``."""
+    sampling = (args.sample_topk, 1.0 if args.temperature is None else args.temperature,
+                args.seed)
+    if args.sample_topk is None:
+        if args.temperature is not None or args.seed is not None:
+            raise UserError("--temperature and --seed go with --sample-topk")
+        return {"n_best": args.nbest}
+    if args.nbest is not None or args.beam > 1:
+        raise UserError("--sample-topk draws one translation a sentence: no --beam or --nbest")
+    if not sampling[1] > 0:
+        raise UserError(f"--temperature must be above 0, not {args.temperature}")
+    return {"sampling": sampling}
+
+
 def cmd_translate(args):
     ctx = _device(args.ctx)
-    engine = open_engine(args.model, args.engine, ctx, no_unk=args.no_unk,
-                         engine_threads=args.engine_threads, compute_type=args.compute_type)
+    decoding = _decoding(args)
+    engine = _open_engine(args, ctx)
     explainer = None  # the MXNet model: attention maps, whichever engine translates
     if args.attention or args.attention_html:
         explainer = engine if engine.name == "mxnet" else MXNetEngine.load(args.model, ctx)
         require_corrected(explainer.cfg, "attention maps")
-    tokenizer = engine.tokenizer
-    lines = input_sentences(args.sentences, getattr(sys.stdin, "buffer", None))
-    # the one rule of the library and the server (`inference.limits`); bad lines said once
-    tokens, refused = screen_inputs(lines, tokenizer, engine.src_vocab, engine.max_positions)
-    for line in refusal_report(refused):
+    tokenizer, fmt = engine.tokenizer, args.format or ("tsv" if args.nbest else "text")
+    chunks = input_chunks(args.sentences, getattr(sys.stdin, "buffer", None))
+    refused, first, texts, index = [], None, [], 0
+    with progress() as bar:  # a bar on a terminal's stderr; each chunk written as it is done
+        for inputs, tokens, hyps, bad in translate_chunks(engine, chunks, args.beam, args.alpha,
+                                                          **decoding):
+            if not index:  # the first chunk translated
+                _say_choice(engine)
+            for h in hyps:  # text: a line per input line; tsv, jsonl: none for a refused one
+                for line in output_lines(index, h, tokenizer, fmt):
+                    print(line)
+                index += 1
+            sys.stdout.flush()
+            refused += bad
+            bar.update(len(inputs))
+            good = [(t, h[0].tokens) for t, h in zip(tokens, hyps) if h is not None]
+            first = first or (good[0] if good else None)
+            if args.attention_html:
+                texts += [text for (_, text, _), h in zip(inputs, hyps) if h is not None]
+    for line in refusal_report(refused):  # bad lines said once, then counted
         print(f"error: {line}", file=sys.stderr)
-    good, ok = [t for t in tokens if t is not None], [t is not None for t in tokens]
-    translations = iter(engine.translate(good, args.beam, args.alpha))
-    outputs = [list(next(translations).tokens) if line_ok else [] for line_ok in ok]
-    for out in outputs:  # one output line per input line, empty when skipped
-        print(tokenizer.decode(out))
-    if args.attention and good:
+    if args.attention and first:
         from ..viz.png import plot_attention_maps
         m = explainer  # the first sentence's maps, of the engine's translation
-        for path in plot_attention_maps(m.model, good[0], outputs[ok.index(True)], m.src_vocab,
+        for path in plot_attention_maps(m.model, first[0], list(first[1]), m.src_vocab,
                                         m.tgt_vocab, m.cfg.num_steps, ctx, args.attention):
             print(f"wrote {path}", file=sys.stderr)
-    if args.attention_html and good:  # the interactive explorer (MXNet's), data inlined
+    if args.attention_html and texts:  # the interactive explorer (MXNet's), data inlined
         from ..viz.attention_html import explorer_items, write_explorer
-        texts = [text for (_, text, _), line_ok in zip(lines, ok) if line_ok]
         write_explorer(args.attention_html,
                        explorer_items(explainer, tokenizer, texts, args.beam, args.alpha),
                        pair=engine.cfg.pair)
         print(f"wrote {args.attention_html}", file=sys.stderr)
-    return EXIT_BAD_INPUT if False in ok else 0
+    return EXIT_BAD_INPUT if refused else 0
+
+
+def cmd_score(args):
+    from ..inference.scoring import score_texts, total
+    engine = _open_engine(args, _device(args.ctx))
+    sources = read_lines(args.src, what="--src")
+    refs = read_lines(args.ref, what="--ref")
+    try:
+        scores = score_texts(engine, sources, refs)
+    except ValueError as e:  # SentenceError included: line N, one line
+        raise UserError(str(e)) from None
+    _say_choice(engine)
+    for i, sc in enumerate(scores):
+        log_prob, per_token = total(sc)
+        if args.format == "jsonl":
+            print(json.dumps({"index": i, "log_prob": round(log_prob, 4),
+                              "per_token": round(per_token, 4), "tokens": sc.tokens,
+                              "token_log_probs": [round(p, 4) for p in sc.log_probs]},
+                             ensure_ascii=False))
+        else:
+            print(f"{i}\t{log_prob:.4f}\t{per_token:.4f}\t{len(sc.tokens)}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------- evaluating
 def _write_json(path, data):
-    import json
     atomic.write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -228,7 +282,7 @@ def cmd_compare(args):
 
 # ---------------------------------------------------------------------------------- wiring
 COMMANDS = {"train": cmd_train, "translate": cmd_translate, "evaluate": cmd_evaluate,
-            "launch": cmd_launch, "serve": cmd_serve, "export": cmd_export,
+            "score": cmd_score, "launch": cmd_launch, "serve": cmd_serve, "export": cmd_export,
             "compare": cmd_compare}
 
 
@@ -240,8 +294,10 @@ def get_parser():
 def main(argv=None):
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     args = get_parser().parse_args(argv)
-    for option, least in (("beam", 1), ("engine_threads", 0)):
-        if getattr(args, option, least) < least:
+    for option, least in (("beam", 1), ("engine_threads", 0), ("nbest", 1), ("sample_topk", 0),
+                          ("max_sentences", 0)):
+        value = getattr(args, option, None)
+        if value is not None and value < least:
             print(f"error: --{option.replace('_', '-')} must be at least {least}",
                   file=sys.stderr)
             return EXIT_ERROR

@@ -9,18 +9,22 @@ import os
 from ..config import ARCHITECTURES, EDITIONS, PRESETS
 from ..distributed.kvstore import KVSTORES
 from ..distributed.launch import LAUNCHERS
-from ..inference.engines import DEFAULT_ENGINE, ENGINES
+from ..inference.engines import CHOICES, DEFAULT_ENGINE
 from ..inference.export import DEFAULT_FORMAT as DEFAULT_EXPORT_FORMAT
 from ..inference.export import FORMATS as EXPORT_FORMATS
 from ..inference.export.ctranslate2 import QUANTIZATIONS
+from ..inference.stream import FORMATS as OUTPUT_FORMATS
 from ..inference.translator import ALPHA, BEAM_SIZE
 
 
 def _engine_option(parser):
-    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
-                        help="mxnet: the package's translator (default); ctranslate2: "
-                             "CTranslate2 on the CPU, over the model's export kept beside it "
-                             "(made on first use; attention maps still come from MXNet)")
+    parser.add_argument("--engine", choices=CHOICES, default=DEFAULT_ENGINE,
+                        help="auto (default): ctranslate2 where CTranslate2 is installed, the "
+                             "context is the CPU and the model exports, else mxnet (one line "
+                             "on stderr says which); mxnet: the package's translator (the "
+                             "reference); ctranslate2: CTranslate2 on the CPU, over the "
+                             "model's export kept beside it (made on first use; attention maps "
+                             "still come from MXNet)")
     parser.add_argument("--engine-threads", type=int, default=0, metavar="N",
                         help="--engine ctranslate2: CTranslate2's threads (intra_threads); 0 "
                              "(default): the fastest of 1, 2, 4, 8 up to the physical cores, "
@@ -42,8 +46,8 @@ def get_parser(commands):
     command's arguments go to (``args.func``)."""
     p = argparse.ArgumentParser(prog="d2l-transformer")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_translate_and_evaluate, _add_launch, _add_serve, _add_export,
-                _add_compare):
+    for add in (_add_train, _add_translate_and_evaluate, _add_score, _add_launch, _add_serve,
+                _add_export, _add_compare):
         add(sub, commands)
     p.description = (f"The Transformer of d2l 9.3 in MXNet: {', '.join(sub.choices)} (each "
                      "command's options: d2l-transformer COMMAND --help).")
@@ -149,11 +153,14 @@ def _add_translate_and_evaluate(sub, commands):
                            help="write attention heatmaps (PNG) of the first sentence into DIR")
             e.add_argument("--attention-html", metavar="FILE", default=None,
                            help="write the sentences' attention explorer as one HTML file")
+            _translate_options(e)
         else:
             _data_option(e, "the corpus whose held-out parts are scored (default: the one the "
                             "model was trained on, as its directory records it)")
             e.add_argument("--max-sentences", type=int, default=None,
-                           help="evaluate at most the first N sentences of each set (default: all)")
+                           help="evaluate at most the first N pairs of each held-out set "
+                                "(default: the first 2,000; 0: all); --src/--ref is scored whole "
+                                "unless given")
             e.add_argument("--examples", type=int, default=0, help="print N example translations")
             e.add_argument("--json", metavar="FILE", default=None,
                            help="also write the scores and their signatures to FILE")
@@ -173,6 +180,39 @@ def _add_translate_and_evaluate(sub, commands):
                 e.add_argument(f"--{part}", nargs=2, metavar=("SRC", "REF"), default=None,
                                help=f"the --{part} files the model was trained with, at their "
                                     "new place (checked against the SHA-256 it recorded)")
+
+
+def _translate_options(e):
+    """``translate``'s n-best, sampling and output options."""
+    e.add_argument("--nbest", type=int, default=None, metavar="N",
+                   help="print the N best hypotheses of each sentence with their scores (a beam "
+                        "of at least N; default format tsv)")
+    e.add_argument("--format", choices=OUTPUT_FORMATS, default=None,
+                   help="text: one translation a line (default); tsv: index, rank, score, "
+                        "log-probability, translation, a hypothesis a line (default with "
+                        "--nbest); jsonl: the same as JSON objects (docs/usage.md)")
+    e.add_argument("--sample-topk", type=int, default=None, metavar="K",
+                   help="sample each translation from the K most probable tokens at each step "
+                        "(0: all) instead of searching: back-translation (docs/usage.md)")
+    e.add_argument("--temperature", type=float, default=None,
+                   help="--sample-topk: divide the log-probabilities by T (default 1)")
+    e.add_argument("--seed", type=int, default=None,
+                   help="--sample-topk: the random seed (the same output on one engine)")
+
+
+def _add_score(sub, commands):
+    s = sub.add_parser("score", help="the log-probability a model gives each translation of a "
+                                     "pair of files (teacher forcing)")
+    s.add_argument("--model", required=True, help="a model directory written by train")
+    s.add_argument("--src", required=True, metavar="FILE", help="sources, one a line")
+    s.add_argument("--ref", required=True, metavar="FILE",
+                   help="their translations to score, one a line")
+    s.add_argument("--format", choices=("tsv", "jsonl"), default="tsv",
+                   help="tsv (default): index, log P (the sum over the tokens and <eos>), log "
+                        "P per token, tokens; jsonl: also each token and its log-probability")
+    s.add_argument("--ctx", default="auto")
+    _engine_option(s)
+    s.set_defaults(func=commands["score"])
 
 
 def _add_launch(sub, commands):

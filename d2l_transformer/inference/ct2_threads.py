@@ -91,9 +91,10 @@ def measure(open_translator, counts, sources):
 
 def best_threads(open_translator, source_tokens, model, compute_type, version):
     """The thread count for this machine and model (`choose`): from the cache, else measured
-    (`measure`, a few seconds) and cached. `open_translator(n)`: a ``ctranslate2.Translator``
-    of the model on n threads; `source_tokens`: its source vocabulary; `model`, `compute_type`,
-    `version`: the `key`'s."""
+    (`measure`, a few seconds) and cached; 1, unmeasured, on a machine busy with other work
+    (`io.measured.busy`, docs/benchmarks.md: more threads only wait for the busy cores).
+    `open_translator(n)`: a ``ctranslate2.Translator`` of the model on n threads;
+    `source_tokens`: its source vocabulary; `model`, `compute_type`, `version`: the `key`'s."""
     counts = candidates(_threads.physical_cores())
     if len(counts) == 1:
         return 1
@@ -101,6 +102,8 @@ def best_threads(open_translator, source_tokens, model, compute_type, version):
     entry = measured.recall(name, counts)
     if entry is not None:
         return entry["value"]
+    if measured.busy():  # what it measured now would not be kept (`measured.keep`), and it
+        return 1  # would cost every run its time: one thread, the busy machine's best
     seconds = measure(open_translator, counts, probe(source_tokens))
     threads = choose(seconds)
     measured.keep(name, threads, {str(n): statistics.median(s) for n, s in seconds.items()},

@@ -2,11 +2,14 @@
 
 ``open_engine(model_dir, engine)`` gives an object that translates token lists:
 ``translate(sentences, beam_size=1, alpha=ALPHA, *, n_best=None)`` -> one `Hypothesis(tokens,
-score)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
+score, log_prob)` per sentence (a list of the n best with ``n_best=n``), the score GNMT's
 ``log P(Y | x) / ((5 + |Y|) / 6) ** alpha`` with |Y| counting ``<eos>`` (the Transformer paper,
-6.1). Both engines also carry the model's `cfg`, `src_vocab`, `tgt_vocab`, `tokenizer` and
-`max_positions`, so that the callers check and tokenize sentences by the package's one rule
-(`limits`).
+6.1), log_prob the plain ``log P(Y | x)``; ``sample(sentences, topk, temperature, seed)`` -> one
+sampled `Hypothesis` each; ``score(sources, targets)`` -> a `scoring.Score` per pair. The
+default engine, ``"auto"``, is `choose_engine`'s: CTranslate2 where it runs the model, the
+MXNet engine elsewhere (the engine's ``choice`` says which). Both engines also carry the
+model's `cfg`, `src_vocab`, `tgt_vocab`, `tokenizer` and `max_positions`, so that the callers
+check and tokenize sentences by the package's one rule (`limits`).
 
 * ``"mxnet"`` (`MXNetEngine`): the package's `Translator` over the MXNet model (a model trained
   with ``--exact-chapter``: the chapter's loop, `decode.chapter_greedy`, greedy only); it also
@@ -38,10 +41,15 @@ from .limits import (
     require_corrected,
     source_positions,
 )
+from .sampling import check_sampling
+from .sampling import sample as _sample
+from .scoring import Score, check_pairs, score_pairs
 from .translator import ALPHA, Hypothesis, Translator, length_penalty
 
 ENGINES = ("mxnet", "ctranslate2")
-DEFAULT_ENGINE = "mxnet"
+AUTO = "auto"  # CTranslate2 where it can run the model, the MXNet engine elsewhere (`choose_engine`)
+CHOICES = (AUTO,) + ENGINES
+DEFAULT_ENGINE = AUTO
 BATCH = 64  # sentences decoded together
 COMPUTE_TYPE = "float32"  # CTranslate2's compute type when none is asked for: the export's
 
@@ -54,7 +62,7 @@ class EngineError(ValueError):
 def check_engine_options(engine, compute_type=None):
     """EngineError (one line) for CTranslate2's options given to another engine: the one rule
     of `open_engine` and the server."""
-    if compute_type is not None and engine != "ctranslate2":
+    if compute_type is not None and engine not in ("ctranslate2", AUTO):
         raise EngineError(f"--compute-type is an option of --engine ctranslate2, not of "
                           f"--engine {engine}")
 
@@ -97,6 +105,7 @@ class MXNetEngine:
 
     name = "mxnet"
     compute_type = intra_threads = None  # CTranslate2's options: not this engine's
+    choice = None  # `open_engine`'s line saying why ``auto`` took it
 
     def __init__(self, model, src_vocab, tgt_vocab, cfg, tokenizer, ctx, *, no_unk=False,
                  batch_size=BATCH):
@@ -139,6 +148,16 @@ class MXNetEngine:
         require_corrected(self.cfg, "attention maps")
         return self.translator.attention(src_tokens, tgt_tokens)
 
+    def score(self, sources, targets):
+        """`scoring.score_pairs`: each pair's `Score` (teacher forcing)."""
+        require_corrected(self.cfg, "scoring")
+        return score_pairs(self.translator, sources, targets)
+
+    def sample(self, sentences, topk, temperature=1.0, seed=None):
+        """`sampling.sample`: one sampled `Hypothesis` per sentence (NumPy's seed)."""
+        require_corrected(self.cfg, "sampling")
+        return _sample(self.translator, sentences, topk, temperature, seed)
+
 
 class CTranslate2Engine:
     """CTranslate2's ``Translator`` over the float32 export kept beside `model_dir`
@@ -156,6 +175,7 @@ class CTranslate2Engine:
     The scores returned are GNMT's in both engines."""
 
     name = "ctranslate2"
+    choice = None  # `open_engine`'s line saying why ``auto`` took it
 
     def __init__(self, model_dir, *, no_unk=False, batch_size=BATCH, device="cpu",
                  intra_threads=0, compute_type=None):
@@ -183,6 +203,7 @@ class CTranslate2Engine:
             open_translator, self.src_vocab.idx_to_token, manifest["model"], self.compute_type,
             ctranslate2.__version__)
         self.translator = open_translator(self.intra_threads)
+        self._ctranslate2, self._open = ctranslate2, open_translator
         self.compute_type = self.translator.compute_type  # CTranslate2's name: int8 is int8_float32
 
     def _read_json(self, name):
@@ -198,6 +219,35 @@ class CTranslate2Engine:
         """The same contract as `Translator.translate` (SentenceError naming the sentence for
         one no model can translate); sentences are decoded in groups of one length limit."""
         check_search(beam_size, n_best)
+        hyps = self._decode(sentences, alpha, self.translator, beam_size=beam_size,
+                            num_hypotheses=n_best or 1)
+        return [h[0] for h in hyps] if n_best is None else hyps
+
+    def sample(self, sentences, topk, temperature=1.0, seed=None):
+        """One sampled `Hypothesis` per sentence: CTranslate2's ``sampling_topk`` (0: the
+        whole vocabulary) and ``sampling_temperature``. With a `seed`, on a translator loaded
+        after ``set_random_seed(seed)``: CTranslate2 seeds each of its threads' generators once,
+        at the thread's first draw, so only a new translator's draws follow a new seed."""
+        check_sampling(topk, temperature)
+        translator = self.translator
+        if seed is not None:
+            self._ctranslate2.set_random_seed(seed)
+            translator = self._open(self.intra_threads)
+        hyps = self._decode(sentences, ALPHA, translator, beam_size=1, num_hypotheses=1,
+                            sampling_topk=topk, sampling_temperature=temperature)
+        return [h[0] for h in hyps]
+
+    def score(self, sentences, targets):
+        """Each pair's `Score`: CTranslate2's ``score_batch`` (the tokens and ``<eos>``)."""
+        sentences, targets = [list(s) for s in sentences], [list(t) for t in targets]
+        check_pairs(sentences, targets, self.max_positions, self.max_positions)
+        results = self.translator.score_batch(sentences, targets, max_batch_size=self.batch_size,
+                                              max_input_length=0)
+        return [Score(list(r.tokens), [float(p) for p in r.log_probs]) for r in results]
+
+    def _decode(self, sentences, alpha, translator, **options):
+        """`translator`'s ``translate_batch`` with the package's rules (its length limit per group of
+        sentences, the banned tokens, ``<unk>``): each sentence's list of `Hypothesis`."""
         sentences = [list(s) for s in sentences]
         check_lengths(sentences, self.max_positions)
         groups = {}
@@ -205,37 +255,77 @@ class CTranslate2Engine:
             groups.setdefault(self._limit(len(s)), []).append(i)
         out = [None] * len(sentences)
         for limit, idx in groups.items():
-            results = self.translator.translate_batch(
+            results = translator.translate_batch(
                 [sentences[i] for i in idx], max_batch_size=self.batch_size,
-                beam_size=beam_size, num_hypotheses=n_best or 1, length_penalty=alpha,
-                return_scores=True, max_decoding_length=limit, min_decoding_length=0,
-                max_input_length=0, disable_unk=self.no_unk,
-                suppress_sequences=[[t] for t in BANNED])
+                length_penalty=alpha, return_scores=True, max_decoding_length=limit,
+                min_decoding_length=0, max_input_length=0, disable_unk=self.no_unk,
+                suppress_sequences=[[t] for t in BANNED], **options)
             for i, result in zip(idx, results):  # in CTranslate2's order, by its own score
-                hyps = [Hypothesis(list(tokens), self._score(score, len(tokens), limit, alpha))
-                        for tokens, score in zip(result.hypotheses, result.scores)]
-                out[i] = hyps[0] if n_best is None else hyps
+                out[i] = [Hypothesis(list(tokens), *self._score(score, len(tokens), limit, alpha))
+                          for tokens, score in zip(result.hypotheses, result.scores)]
         return out
 
     @staticmethod
     def _score(score, length, limit, alpha):
-        """GNMT's ``log P / ((5 + |Y|) / 6) ** alpha`` of a hypothesis of `length` tokens that
-        CTranslate2 scored ``log P / |Y| ** alpha`` (|Y| counts ``<eos>``, which a translation
-        cut at the limit does not have)."""
+        """``(GNMT's log P / ((5 + |Y|) / 6) ** alpha, log P)`` of a hypothesis of `length`
+        tokens that CTranslate2 scored ``log P / |Y| ** alpha`` (|Y| counts ``<eos>``, which a
+        translation cut at the limit does not have)."""
         size = length if length >= limit else length + 1
-        return score * size ** alpha / length_penalty(size, alpha)
+        log_prob = score * size ** alpha
+        return log_prob / length_penalty(size, alpha), log_prob
+
+
+def choose_engine(model_dir, ctx=None):
+    """``(engine, why)``: the engine ``--engine auto`` (the default) takes for the model
+    directory `model_dir` on `ctx`: ``"ctranslate2"`` where CTranslate2 is installed, the
+    context is the CPU and the model exports (the corrected Transformer with LayerNorm and a
+    position table); ``"mxnet"`` elsewhere (the chapter's exact models, the seq2seq models, a
+    GPU context), `why` saying which case in a few words."""
+    from .export import ExportError
+    from .export.ctranslate2 import check
+    if ctx is not None and ctx.device_type != "cpu":
+        return "mxnet", f"the context is {ctx}; the CTranslate2 engine runs on the CPU"
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return "mxnet", "CTranslate2 is not installed"
+    cfg = checkpoint.load_config(model_dir)
+    if chapter_only(cfg):
+        return "mxnet", "only the chapter's loop decodes this model"
+    try:
+        check(cfg, None)
+    except ExportError as e:
+        return "mxnet", f"CTranslate2 cannot run this model ({str(e).split(';')[0]})"
+    return "ctranslate2", "the model exports to CTranslate2, the faster engine"
 
 
 def open_engine(model_dir, engine=DEFAULT_ENGINE, ctx=None, *, no_unk=False, batch_size=BATCH,
                 engine_threads=0, compute_type=None):
-    """The engine `engine` (`ENGINES`) over the model directory `model_dir`; `engine_threads`:
-    CTranslate2's (0: measured, `ct2_threads.best_threads`), ignored by ``mxnet``;
-    `compute_type`: CTranslate2's (`compute_type_for`), refused with ``mxnet``. Errors are one
+    """The engine `engine` (`CHOICES`: ``"auto"``, the default, takes `choose_engine`'s) over
+    the model directory `model_dir`; `engine_threads`: CTranslate2's (0: measured,
+    `ct2_threads.best_threads`), ignored by ``mxnet``; `compute_type`: CTranslate2's
+    (`compute_type_for`), refused with ``mxnet``. The engine's ``choice`` is the one line
+    saying which ``auto`` took and why (None for an engine asked for by name). Errors are one
     line: CheckpointError, ExactChapterError, EngineError, ExportError (``ctranslate2``)."""
+    why = None
+    if engine == AUTO:
+        engine, why = choose_engine(model_dir, ctx)
+        if engine == "mxnet" and compute_type is not None:
+            raise EngineError(f"--compute-type is an option of the ctranslate2 engine; {why}")
     check_engine_options(engine, compute_type)
-    if engine == "mxnet":
-        return MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: use one of {', '.join(CHOICES)}")
+    opened = None
     if engine == "ctranslate2":
-        return CTranslate2Engine(model_dir, no_unk=no_unk, batch_size=batch_size,
-                                 intra_threads=engine_threads, compute_type=compute_type)
-    raise ValueError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+        from .export import ExportError
+        try:
+            opened = CTranslate2Engine(model_dir, no_unk=no_unk, batch_size=batch_size,
+                                       intra_threads=engine_threads, compute_type=compute_type)
+        except ExportError as e:  # the export cannot be kept (a read-only directory, ...)
+            if why is None or compute_type is not None:
+                raise
+            engine, why = "mxnet", f"the CTranslate2 export could not be made: {e}"
+    if opened is None:
+        opened = MXNetEngine.load(model_dir, ctx, no_unk=no_unk, batch_size=batch_size)
+    opened.choice = why and f"engine: {engine} ({why}; --engine mxnet or ctranslate2 forces one)"
+    return opened

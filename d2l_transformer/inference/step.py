@@ -190,3 +190,24 @@ class AttentionProbe(nn.HybridBlock):
             weights.append(blk.attention_1.attention.attention_weights)
             cross.append(blk.attention_2.attention.attention_weights)
         return tuple(weights + cross)  # each (heads, queries, keys)
+
+
+class TeacherForced(nn.HybridBlock):
+    """``graph(X (rows, T), valid_length (rows,), Y (rows, m + 1), causal_length (rows, m + 1))
+    -> logits (rows, m + 1, V)``: one teacher-forced pass, the encoder then the decoder blocks
+    over ``<bos> y_1 ... y_m`` (`AttentionProbe`'s arithmetic) and the output layer; each
+    position predicts the next token. Holds no weights."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder, self.decoder = model.encoder, model.decoder
+
+    def hybrid_forward(self, F, X, valid_length, Y, causal_length):
+        enc_outputs = self.encoder(X, valid_length)  # (rows, T, d)
+        dec = self.decoder
+        Z = dec.pos_encoding(embed(dec, Y))  # (rows, m + 1, d)
+        for blk in active_blocks(dec):
+            Zn = prenorm(blk.addnorm_1, Z)
+            Z = decoder_block(F, blk, Z, Zn, *keys_values(F, blk.attention_1, Zn), causal_length,
+                              *keys_values(F, blk.attention_2, enc_outputs), valid_length)
+        return output_layer(dec, Z)  # (rows, m + 1, V)

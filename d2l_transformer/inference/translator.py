@@ -33,8 +33,11 @@ from .limits import BANNED, check_lengths, check_search, decode_limit, require_c
 
 BEAM_SIZE, ALPHA = 4, 0.6  # the paper's (6.1)
 NEG = onp.float32(-1e18)  # the score of an impossible candidate (gluonnlp's LARGE_NEGATIVE_FLOAT)
-Hypothesis = collections.namedtuple("Hypothesis", ["tokens", "score"])
-Hypothesis.__doc__ = "A translation: target tokens (no <bos>/<eos>) and its length-penalised score."
+Hypothesis = collections.namedtuple("Hypothesis", ["tokens", "score", "log_prob"],
+                                    defaults=(None,))
+Hypothesis.__doc__ = ("A translation: target tokens (no <bos>/<eos>), its length-penalised score "
+                      "and its log-probability (the plain sum over the tokens and <eos>; None "
+                      "where unknown).")
 
 
 def length_penalty(length, alpha=ALPHA):
@@ -168,8 +171,8 @@ class _Beams:
 
     def hypotheses(self):
         """Each sentence's n best beams, followed back from the last step: a list of
-        ``(ids, score)`` per sentence, best first, ids without ``<eos>`` (beams scored `NEG`,
-        never filled, left out after the first)."""
+        ``(ids, score, log P)`` per sentence, best first, ids without ``<eos>`` (beams scored
+        `NEG`, never filled, left out after the first)."""
         words, parents = onp.stack(self.words), onp.stack(self.parents)  # (steps, B, k) each
         out = []
         for b in range(words.shape[1]):
@@ -183,9 +186,11 @@ class _Beams:
                         ids.append(int(words[t, b, j]))
                     j = int(parents[t, b, j])
                 ids.reverse()
+                size = len(ids)  # |Y|: with <eos>, when the beam has it
                 if ids and ids[-1] == self.eos:
                     ids.pop()
-                best.append((ids, float(self.scores[b, beam])))
+                score = float(self.scores[b, beam])
+                best.append((ids, score, score * length_penalty(size, self.alpha)))
             out.append(best)
         return out
 
@@ -346,8 +351,8 @@ class Translator:
             kept = books.shrink(done)
             if kept is not None:
                 rows.keep(kept)
-        return [[Hypothesis(self.tgt_vocab.to_tokens(ids), score) for ids, score in best]
-                for best in books.hypotheses()]
+        return [[Hypothesis(self.tgt_vocab.to_tokens(ids), score, log_prob)
+                 for ids, score, log_prob in best] for best in books.hypotheses()]
 
     def _rows(self, sentences, k, steps):
         """The device side of a search (`_Rows`): the sources encoded, `k` rows per sentence."""

@@ -8,11 +8,11 @@ class ServeError(ValueError):
 
 
 def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,
-        allowed_hosts=None, api_key=None, engine="mxnet", engine_threads=0, compute_type=None):
+        allowed_hosts=None, api_key=None, engine="auto", engine_threads=0, compute_type=None):
     """Load `model_dir` and serve it with uvicorn until interrupted. `allowed_hosts`: the
     ``Host`` headers to answer (default: derived from `host`, `middleware.allowed_hosts_for`);
     `api_key`: required of every translation request when set; `engine`: the translation
-    engine (``"mxnet"`` or ``"ctranslate2"``, `inference.engines`); `engine_threads`,
+    engine (``"auto"``, ``"mxnet"`` or ``"ctranslate2"``, `inference.engines`); `engine_threads`,
     `compute_type`: CTranslate2's (0, None: `inference.engines.open_engine`'s defaults)."""
     if api_key is not None and not api_key.strip():
         raise ServeError("the API key is empty")
@@ -40,6 +40,8 @@ def run(model_dir, host="127.0.0.1", port=8000, ctx="auto", log_level="info", *,
                     compute_type=compute_type)
     try:
         hosts = allowed_hosts_for(host, allowed_hosts)
+        if engine.choice:
+            print(engine.choice, flush=True)
         print(f"serving {engine.model_dir} ({engine.info['engine']} engine) on "
               f"http://{host}:{port}/ (API docs: /docs; Host "
               f"headers answered: {', '.join(hosts)}{'; API key required' if api_key else ''})",

@@ -46,16 +46,25 @@ class TranslateRequest(BaseModel):
     text: List[StrictStr] = Field(description=f"sentences to translate (1 to {MAX_SENTENCES})")
     beam: StrictInt = Field(BEAM_SIZE, ge=1, le=MAX_BEAM, description="beam size (1: greedy "
                                                                        "decoding)")
+    nbest: StrictInt = Field(1, ge=1, le=MAX_BEAM, description="also return each sentence's "
+                             "n best hypotheses with their scores (a beam of at least n)")
     attention: StrictBool = Field(False, description="also return every layer's and head's "
                                                      "attention weights with the tokens")
     api_key: Optional[StrictStr] = Field(None, description="the server's key, when it was "
                                                            "started with --api-key")
 
 
-class Translation(BaseModel):
-    source: str
+class Hypothesis(BaseModel):
     translation: str
     score: float = Field(description="log P(Y|X) / ((5 + |Y|) / 6) ** 0.6 (GNMT length penalty)")
+    log_prob: float = Field(description="log P(Y|X): the sum over its tokens and <eos>")
+
+
+class Translation(Hypothesis):
+    source: str
+    nbest: Optional[List[Hypothesis]] = Field(
+        None, description="the n best hypotheses, best first (the first is the translation); "
+                          "only with nbest > 1")
     attention: Optional[Dict[str, Any]] = Field(
         None, description="src_tokens, tgt_tokens, out_tokens and the encoder, decoder and cross "
                           "weights (layers x heads x queries x keys); only when asked for")
@@ -130,7 +139,8 @@ def _parse(engine, api_key, data):
 
 async def _translate_ours(engine, api_key, data):
     req, tokens = _parse(engine, api_key, data)
-    items = await run(engine, req.text, tokens, req.beam, req.attention)
+    items = await run(engine, req.text, tokens, max(req.beam, req.nbest), req.attention,
+                      n_best=req.nbest)
     return JSONResponse({"translations": items, "model": engine.info})
 
 

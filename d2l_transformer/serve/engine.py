@@ -29,10 +29,10 @@ from .. import checkpoint
 from ..context import parse_ctx
 from ..inference.engines import (
     DEFAULT_ENGINE,
-    CTranslate2Engine,
     EngineError,
     MXNetEngine,
     check_engine_options,
+    open_engine,
 )
 from ..inference.export import ExportError
 from ..inference.limits import ExactChapterError, require_corrected
@@ -125,10 +125,11 @@ class Engine:
 
     def submit(self, sources, tokens, beam, attention=False, *, n_best=1):
         """Queue sentences (texts and their token lists); a Future of their result dicts
-        ``{"source", "translation", "score"[, "attention"][, "alternatives"]}``. `attention`:
+        ``{"source", "translation", "score", "log_prob"[, "attention"][, "nbest"]}``. `attention`:
         also each translation's attention weights (`check_attention`: TooLarge at once for
         sources that need too many, else the future fails with it when the translations do);
-        `n_best` > 1: also the next best beams' translations as ``"alternatives"``. Raises Busy
+        `n_best` > 1: the n best beams as ``"nbest"`` (each translation, score, log_prob; the
+        first is the translation). Raises Busy
         when too much is waiting, Unavailable when closed."""
         if attention:
             check_attention(sum(self.attention_cells(len(t), 1) for t in tokens), least=True)
@@ -155,17 +156,17 @@ class Engine:
     def _load(self, ctx_spec):
         npx.set_np()  # per thread: the chapter's numpy mode for this thread's MXNet calls
         ctx = parse_ctx(ctx_spec)
-        # the MXNet model: the attention weights, and the translations of the "mxnet" engine
-        self.explainer = MXNetEngine.load(self.model_dir, ctx, batch_size=self.max_batch)
-        if self.engine == "ctranslate2":
-            try:
-                self.translator = CTranslate2Engine(self.model_dir, batch_size=self.max_batch,
-                                                    intra_threads=self.engine_threads,
-                                                    compute_type=self.compute_type)
-            except (ExportError, EngineError) as e:
-                raise ServeError(str(e)) from None
-        else:
-            self.translator = self.explainer
+        try:  # the one choice of `inference.engines.open_engine` (``auto``: said in `choice`)
+            self.translator = open_engine(self.model_dir, self.engine, ctx,
+                                          batch_size=self.max_batch,
+                                          engine_threads=self.engine_threads,
+                                          compute_type=self.compute_type)
+        except (ExportError, EngineError) as e:
+            raise ServeError(str(e)) from None
+        self.choice = self.translator.choice
+        # the MXNet model: the attention weights (and the translations of the "mxnet" engine)
+        self.explainer = self.translator if self.translator.name == "mxnet" else \
+            MXNetEngine.load(self.model_dir, ctx, batch_size=self.max_batch)
         model, cfg, summary = self.explainer.model, self.explainer.cfg, self.explainer.summary
         self.tokenizer, self.src_vocab = self.explainer.tokenizer, self.explainer.src_vocab
         self.tgt_vocab = self.explainer.tgt_vocab
@@ -239,6 +240,11 @@ class Engine:
                 else:
                     j.future.set_result(result)
 
+    def _hypothesis(self, hyp):
+        """A hypothesis' text, its score (GNMT's) and its log-probability."""
+        return {"translation": self.tokenizer.decode(list(hyp.tokens)),
+                "score": round(float(hyp.score), 4), "log_prob": round(float(hyp.log_prob), 4)}
+
     def _translate(self, jobs, beam):
         """One ``translate`` call of the engine for all sentences of `jobs`; their result
         lists."""
@@ -259,13 +265,11 @@ class Engine:
             items = []
             for source, tokens, b in zip(j.sources, j.tokens, best):
                 hyp = b[0]
-                item = {"source": source, "translation": self.tokenizer.decode(list(hyp.tokens)),
-                        "score": round(float(hyp.score), 4)}
+                item = {"source": source, **self._hypothesis(hyp)}
                 if j.attention:
                     item["attention"] = self.explainer.attention(tokens, list(hyp.tokens))
                 if j.n_best > 1:
-                    item["alternatives"] = [self.tokenizer.decode(list(h.tokens))
-                                            for h in b[1:j.n_best]]
+                    item["nbest"] = [self._hypothesis(h) for h in b[:j.n_best]]
                 items.append(item)
             results.append(items)
         self.sentences += sum(len(j.tokens) for j in jobs)

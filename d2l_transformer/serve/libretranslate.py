@@ -105,7 +105,7 @@ def _libre_texts(lines, items, alternatives):
         for line in text_lines:
             item = next(items) if line.strip() else {"translation": line}
             best.append(item["translation"])
-            found = item.get("alternatives", [])
+            found = [h["translation"] for h in item.get("nbest", [])[1:]]
             for a in range(alternatives):
                 alts[a].append(found[a] if a < len(found) else item["translation"])
         translated.append("\n".join(best))
