@@ -15,10 +15,11 @@ from mxnet import np
 import d2l_transformer as d2t
 from d2l_transformer import checkpoint, cli
 from d2l_transformer.data import heldout_nmt
-from d2l_transformer.evaluate import MAX_SENTENCES, evaluate_model, format_report
+from d2l_transformer.evaluate import MAX_SENTENCES, evaluate_model
 from d2l_transformer.inference.engines import ENGINES, EngineError, open_engine
 from d2l_transformer.inference.limits import BANNED
 from d2l_transformer.inference.scoring import total
+from d2l_transformer.report.evaluation import format_report
 
 ctranslate2 = pytest.importorskip(
     "ctranslate2", reason="the ctranslate2 extra is not installed (pip install '.[ctranslate2]')")

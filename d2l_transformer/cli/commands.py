@@ -18,13 +18,14 @@ from ..context import parse_ctx, parse_ctx_list
 from ..data import DataError, TokenizerError, read_lines
 from ..distributed.kvstore import create_kvstore
 from ..distributed.launch import LaunchError, launch
-from ..evaluate import evaluate_model, format_files_report, format_report, score_files
+from ..evaluate import evaluate_model, format_files_report, score_files
 from ..inference.engines import EngineError, MXNetEngine, open_engine
 from ..inference.export import ExportError
 from ..inference.limits import ExactChapterError, refusal_report, require_corrected
 from ..inference.stream import input_chunks, output_lines, progress, translate_chunks
 from ..io import atomic
 from ..report.book import compare, load_run, printed_lines
+from ..report.evaluation import format_report
 from ..training.inputs import saved_config
 from ..training.run import RunError, train_model
 from . import parser
