@@ -336,3 +336,13 @@ def curve_settings(args, toolkit, **extra):
 def dump(results, path):
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
+
+
+def with_average(rows, found, results):
+    """The curve's `rows`, and a last row for the average of the last checkpoints where more
+    than one was averaged (its BLEU and chrF the run's own)."""
+    if found and len(results["checkpoints_averaged"]) > 1:
+        rows.append(dict(rows[-1], checkpoint="average of " + ", ".join(
+            results["checkpoints_averaged"]), bleu=round(results["bleu"], 2),
+            chrf=round(results["chrf"], 2)))
+    return rows

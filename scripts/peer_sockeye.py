@@ -225,11 +225,7 @@ def curve(args, r, paths, spm, found, reports, started, rss, results):
                                  rss, settings))
         print(f"  {rows[-1]['checkpoint']}: {rows[-1]['minutes']:.1f} min, BLEU "
               f"{rows[-1]['bleu']:.2f} chrF {rows[-1]['chrf']:.2f}", flush=True)
-    if found and len(results["checkpoints_averaged"]) > 1:
-        rows.append(dict(rows[-1], checkpoint="average of " + ", ".join(
-            results["checkpoints_averaged"]), bleu=round(results["bleu"], 2),
-            chrf=round(results["chrf"], 2)))
-    return rows
+    return pc.with_average(rows, found, results)
 
 
 if __name__ == "__main__":
