@@ -87,8 +87,7 @@ def static_batches(data_iter):
     batch re-plans once an epoch); no for batches by length (`data.BucketBatches`, with its
     ``shapes``), shuffled across buckets: the shape changes at nearly every step, so a static
     graph plans its buffers again at every step anyway and only keeps the largest shape's
-    beside the allocator's (docs/data.md, "Memory": 1.72 GB against 2.46 on the Bible, at the
-    same CPU time)."""
+    beside the allocator's (docs/data.md, "Memory")."""
     return len(getattr(data_iter, "shapes", ())) <= 2
 
 
