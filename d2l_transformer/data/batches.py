@@ -118,9 +118,9 @@ class BucketBatches:
     ``src``/``tgt``: lists of id lists, or `Ragged` (targets with <bos> ... <eos>). Batches are
     ``(X, X_valid_len, Y, Y_valid_len)`` as `load_data_nmt`'s, float32. Padding to the bucket
     rather than to the batch's longest pair keeps the shapes to a small fixed set
-    (`shapes`: at most two batch sizes per bucket), so a static-shape graph is built once per
-    shape. A batch holds `batch_size` pairs, and with ``batch_tokens`` at most that many padded
-    tokens of its longer side (`batch_rows`: fairseq's ``--max-tokens``), so that long pairs come in
+    (`shapes`: at most two batch sizes per bucket), so a graph is traced once per shape. A
+    batch holds `batch_size` pairs, and with ``batch_tokens`` at most that many padded tokens
+    of its longer side (`batch_rows`: fairseq's ``--max-tokens``), so that long pairs come in
     fewer rows and a batch's memory does not grow with its pairs' length.
 
     Every epoch the pairs of each bucket are shuffled, cut into batches, and the batches of all
