@@ -118,7 +118,7 @@ class BucketBatches:
     ``src``/``tgt``: lists of id lists, or `Ragged` (targets with <bos> ... <eos>). Batches are
     ``(X, X_valid_len, Y, Y_valid_len)`` as `load_data_nmt`'s, float32. Padding to the bucket
     rather than to the batch's longest pair keeps the shapes to a small fixed set
-    (`shapes`: at most two batch sizes per bucket), so a graph is traced once per shape. A
+    (`shapes`: at most two batch sizes per bucket): a graph meets tens of shapes, not thousands. A
     batch holds `batch_size` pairs, and with ``batch_tokens`` at most that many padded tokens
     of its longer side (`batch_rows`: fairseq's ``--max-tokens``), so that long pairs come in
     fewer rows and a batch's memory does not grow with its pairs' length.
