@@ -59,7 +59,7 @@ CHAPTER = d2t.CHAPTER.replace(num_epochs=30)
 
 def ct2_translate(out, sentences, cfg, beam=1, length_penalty=0.0):
     """CTranslate2's best hypothesis for each token list, with the export's decoding options;
-    sentences are grouped by the package's per-sentence limit max(num_steps, length + 10)."""
+    sentences are grouped by length, whose limit is the package's (`limits.decode_limit`)."""
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=2)
     groups = {}
     for i, s in enumerate(sentences):
@@ -146,10 +146,10 @@ def trained(request, tmp_path_factory):
 def test_greedy_equals_the_translator_token_for_token(trained):
     t = trained
     translator = d2t.Translator(t["model"], t["src_vocab"], t["tgt_vocab"], mx.cpu(),
-                                num_steps=t["cfg"].num_steps)
+                                num_steps=t["cfg"].num_steps, length_ratio=t["cfg"].length_ratio)
     ours = [h.tokens for h in translator.translate(t["sentences"])]
     theirs = ct2_translate(t["out"], t["sentences"], t["cfg"])
-    assert len(ours) == len(t["sentences"]) and len({tuple(o) for o in ours}) > 20  # it translates
+    assert len(ours) == len(t["sentences"]) and len({tuple(o) for o in ours}) > 10  # not degenerate
     assert ours == theirs
 
 
@@ -160,7 +160,7 @@ def test_beam_without_length_penalty_equal_where_the_searches_agree(trained):
     (ours) it competes with the live beams at every step and can be pushed out."""
     t = trained
     translator = d2t.Translator(t["model"], t["src_vocab"], t["tgt_vocab"], mx.cpu(),
-                                num_steps=t["cfg"].num_steps)
+                                num_steps=t["cfg"].num_steps, length_ratio=t["cfg"].length_ratio)
     ours = [h.tokens for h in translator.translate(t["sentences"], beam_size=4, alpha=0.0)]
     theirs = ct2_translate(t["out"], t["sentences"], t["cfg"], beam=4)
     differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
