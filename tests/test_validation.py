@@ -76,6 +76,22 @@ def test_average_dir_holds_the_average_and_evaluates(run, capsys):
     assert "valid (5 of 19): greedy: BLEU" in capsys.readouterr().out
 
 
+def test_a_run_of_one_epoch_keeps_its_model_and_its_average(tmp_path, capsys):
+    """One epoch saves OUT only at its end: OUT/average is written after it (before, its
+    directory made OUT a folder the run refused to replace), and a replaced model's new average
+    is kept, not dropped with the old one's."""
+    out = str(tmp_path / "m")
+    for again in ([], ["--overwrite"]):
+        assert cli.main(TRAIN + ["--epochs", "1", "--average-last", "2", "--out", out] + again) == 0
+        assert "averaging the last 1 epochs, not 2" in capsys.readouterr().err
+        summary = _summary(out)
+        assert summary["epochs_done"] == 1 and summary["average"]["averaged_epochs"] == [1]
+        model, *_ = checkpoint.load(os.path.join(out, "average"))
+        last, *_ = checkpoint.load(out)
+        a, b = model._collect_params_with_prefix(), last._collect_params_with_prefix()
+        assert all((a[k].data() == b[k].data()).asnumpy().all() for k in a)  # one epoch's mean
+
+
 def test_the_average_of_identical_checkpoints_is_each_of_them():
     cfg = d2t.TINY
     model = d2t.build_model(cfg, 30, 20)

@@ -22,13 +22,7 @@ from .outdir import RunError, check_out_dir, keep_best, recorded_precision
 from .progress import ProgressBar
 from .steps import traceable
 from .translations import book_translations, corpus_translations, edition_translations
-from .validation import (
-    EarlyStopping,
-    LastParameters,
-    Validator,
-    format_validation,
-    validation_loss,
-)
+from .validation import EarlyStopping, LastParameters, Validator, format_validation, validation_loss
 
 SUBMODELS = ("best", "average")  # model directories inside a run's model directory
 SEED_STRIDE = 100000  # epoch e of a run with seed s draws from seed s * SEED_STRIDE + e
@@ -334,8 +328,7 @@ class _Run:
     def finish(self):
         """The end: OUT/average, the summary's last fields, the translations, the last save."""
         cfg, summary, ctx = self.cfg, self.summary, self.ctxs[0]
-        if self.history is not None:
-            self.average()
+        averaged = self.average() if self.history is not None else None
         summary["epochs"] = cfg.num_epochs
         summary["history"] = [(e, loss) for e, loss, *_ in summary["epoch_history"] if e % 10 == 0]
         if self.edition_valid is not None:
@@ -358,22 +351,27 @@ class _Run:
             self.save()
             if self.pending_best is not None:  # the last epoch was the best
                 self.save_sub("best", self.pending_best)
+            if averaged is not None:  # after OUT, as OUT/best: a run of one epoch saves OUT last
+                arrays, sub = averaged
+                with self.history.swapped_in(arrays):
+                    self.save_sub("average", sub)
 
     def average(self):
-        """The last ``average_last`` epochs' mean: validated, in the summary, as OUT/average."""
+        """The last ``average_last`` epochs' mean, validated, in the summary: returns ``(its
+        arrays, OUT/average's summary)`` for `finish` to save after OUT."""
         history, average_last = self.history, self.average_last
         if len(history.epochs) < average_last:
             print(f"warning: averaging the last {len(history.epochs)} epochs, not "
                   f"{average_last} (this run trained only those)", file=self.log)
-        with history.swapped_in(history.average()):
+        arrays = history.average()
+        with history.swapped_in(arrays):
             average = {"averaged_epochs": history.epochs}
             if self.validator is not None:
                 average.update(self.validator())
                 print(format_validation(f"average of epochs {history.epochs[0]}-"
                                         f"{history.epochs[-1]}", average, False), file=self.log)
-            self.summary["average"] = average
-            if self.writer:
-                self.save_sub("average", self.sub_summary(average=average))
+        self.summary["average"] = average
+        return arrays, self.sub_summary(average=average)
 
     def save(self):
         """``OUT`` with the trainer's states (a replaced run's OUT/best, OUT/average dropped)."""
