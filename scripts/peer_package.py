@@ -16,7 +16,8 @@ directory), and so on; pick the epochs from the seconds an epoch takes (summary.
 ``validation`` entries carry the training seconds before each). ``--models DIR ...`` scores
 model directories kept some other way. Each kept directory is scored by ``d2l-transformer
 evaluate --model DIR --src --ref --beam 4 --json``, and the last stage's OUT/average too (the
-last ``--average`` epochs).
+last ``--average`` epochs of the last stage: a resumed run averages the epochs it trains, so
+make the last stage at least that long).
 
 A row's ``minutes`` is its summary.json's ``train_seconds`` (the epochs only: no start-up, no
 validation), ``updates`` its epochs times the batches an epoch (the training's own line),
@@ -109,7 +110,7 @@ def beam_scores(report, beam):
 def summary_row(name, summary, batches, scores, rss_mib, settings):
     """A curve row from a model directory's summary.json and its scores."""
     epochs = summary.get("epochs_done") or 0
-    if "average" in summary and summary["average"].get("averaged_epochs"):
+    if name == "average" and (summary.get("average") or {}).get("averaged_epochs"):
         name = f"{name} (average of epochs {summary['average']['averaged_epochs']})"
     row = pc.curve_row(name, epochs * batches if batches else None, summary["train_seconds"], 0,
                        scores, round(summary.get("tokens_per_sec") or 0, 1), rss_mib, settings)

@@ -104,6 +104,10 @@ def test_package_rows(peers):
     summary = {"epochs_done": 6, "train_seconds": 600.0, "tokens_per_sec": 1234.56}
     row = pkg.summary_row("epoch_6", summary, 170, {"bleu": 10.0, "chrf": 30.0}, 4096, {"x": 1})
     assert (row["updates"], row["minutes"], row["tokens_per_sec"], row["epochs"]) == (1020, 10.0, 1234.6, 6)
+    summary["average"] = {"averaged_epochs": [5, 6]}  # a stage's OUT records its average too
+    assert pkg.summary_row("epoch_6", summary, 170, {"bleu": 1, "chrf": 2}, 1, {})["checkpoint"] == "epoch_6"
+    assert pkg.summary_row("average", summary, 170, {"bleu": 1, "chrf": 2}, 1, {})["checkpoint"] == \
+        "average (average of epochs [5, 6])"
     args = pkg.get_parser().parse_args(["--venv", "V", "--train", "a", "b", "--test", "t", "r",
                                         "--src-lang", "en", "--tgt-lang", "de", "--work", "W",
                                         "--epochs-at", "6", "12"])
