@@ -18,7 +18,8 @@ def peers():
     sys.path.insert(0, str(SCRIPTS))
     try:
         yield argparse.Namespace(**{name: importlib.import_module(name) for name in
-                                    ("peer_common", "peer_opennmt", "peer_sockeye", "peer_package")})
+                                    ("peer_common", "peer_opennmt", "peer_sockeye", "peer_package",
+                                     "peer_plot")})
     finally:
         sys.path.remove(str(SCRIPTS))
 
@@ -113,3 +114,22 @@ def test_package_rows(peers):
                                         "--epochs-at", "6", "12"])
     argv = pkg.train_argv(args, peers.peer_common.Runner("V", "W", 2), 12, True)
     assert argv[-1] == "--resume" and argv[argv.index("--epochs") + 1] == 12
+
+
+def test_the_curves_plot_and_table(peers, tmp_path, capsys):
+    """Two runs' curve.json drawn in one PNG; the table has a line per row, averages named."""
+    import json
+    for name, toolkit, bleus in (("a", "d2l_transformer", (10.0, 15.0)), ("b", "OpenNMT-py", (8.0, 12.5))):
+        rows = [{"checkpoint": f"step_{i}", "minutes": 10.0 * (i + 1), "updates": 100 * (i + 1),
+                 "bleu": b, "chrf": 2 * b, "tokens_per_sec": 1000.0, "peak_rss_gb": 1.5,
+                 "settings": {"toolkit": toolkit, "direction": "en-de"}} for i, b in enumerate(bleus)]
+        rows.append(dict(rows[-1], checkpoint="average", bleu=bleus[-1] + 1))
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "curve.json").write_text(json.dumps(rows))
+    png, out = tmp_path / "c.png", tmp_path / "c.json"
+    curves = peers.peer_plot.main([str(tmp_path / "a"), str(tmp_path / "b"), "--png", str(png),
+                                   "--json", str(out)])
+    assert [label for label, _ in curves] == ["d2l_transformer en-de", "OpenNMT-py en-de"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(json.loads(out.read_text())) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 6 and "| OpenNMT-py en-de | average | 20.0 | 200 | 13.50 |" in lines[-1]
