@@ -56,7 +56,7 @@ def get_parser():
     p.add_argument("--preset", default="hour")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a config field on top of the preset (repeatable)")
-    p.add_argument("--average", type=int, default=4, help="train's --average-last")
+    p.add_argument("--average", type=int, default=4, help="train's --average-last (0: none)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--test-lines", type=int, help="score the first K test lines only")
     p.add_argument("--threads", type=int, default=2)
@@ -69,7 +69,8 @@ def train_argv(args, r, epochs, resume):
     argv = [r.tool("python"), "-m", "d2l_transformer", "train", "--preset", args.preset,
             "--data", *args.train, "--test", *args.test, "--source-lang", args.src_lang,
             "--target-lang", args.tgt_lang, "--epochs", epochs, "--seed", args.seed,
-            "--out", os.path.join(args.work, "model"), "--average-last", args.average, "--quiet"]
+            "--out", os.path.join(args.work, "model"), "--quiet"]
+    argv += ["--average-last", args.average] if args.average else []
     argv += ["--valid", *args.dev] if args.dev else []
     argv += [w for field in args.set for w in ("--set", field)]
     return argv + (["--resume"] if resume else [])
