@@ -60,8 +60,12 @@ def table(curves):
     for label, rows in curves:
         lines += [f"| {label} | {r['checkpoint']} | {r['minutes']:.1f} | {r.get('updates')} | "
                   f"{r['bleu']:.2f} | {r['chrf']:.2f} | {r.get('tokens_per_sec')} | "
-                  f"{r.get('peak_rss_gb')} GB |" for r in rows]
+                  f"{_gb(r.get('peak_rss_gb'))} |" for r in rows]
     return "\n".join(lines)
+
+
+def _gb(value):
+    return "not measured" if value is None else f"{value} GB"
 
 
 def main(argv=None):
