@@ -59,6 +59,9 @@ def get_parser():
     p.add_argument("--average", type=int, default=4, help="train's --average-last (0: none)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--test-lines", type=int, help="score the first K test lines only")
+    p.add_argument("--batches", type=int,
+                   help="batches an epoch, for the rows' updates with --models (a stage's "
+                        "training line says it; --epochs-at reads it there)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -136,7 +139,7 @@ def main(argv=None):
         args.test = cut
     r = pc.Runner(os.path.abspath(args.venv), args.work, args.threads)
     r.env["PYTHONPATH"] = ROOT  # this checkout's package, whatever the venv has installed
-    models, batches, rss = train_stages(args, r) if args.epochs_at else (args.models, None, 0)
+    models, batches, rss = train_stages(args, r) if args.epochs_at else (args.models, args.batches, 0)
     settings = {"toolkit": "d2l_transformer", "direction": f"{args.src_lang}-{args.tgt_lang}",
                 "beam": args.beam, "threads": args.threads, "preset": args.preset,
                 "set": args.set, "test_lines": args.test_lines,

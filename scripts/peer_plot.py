@@ -8,8 +8,10 @@ row and the rows in one JSON file:
 
 Each WORK directory holds the run's ``curve.json`` (peer_common's rows: ``minutes``, ``updates``,
 ``bleu``, ``chrf``, ``tokens_per_sec``, ``peak_rss_gb``, ``settings``); a line is labelled with
-its toolkit and direction. The average of the last checkpoints (a row whose name says
-``average``) is drawn as its own marker at its time, not as a point of the line.
+its toolkit and direction, and runs of the same label are one line (a curve continued in a
+second WORK, as peer_package.py ``--models`` scores stages trained by hand). The average of
+the last checkpoints (a row whose name says ``average``) is drawn as its own marker at its
+time, not as a point of the line.
 """
 
 import argparse
@@ -74,7 +76,10 @@ def main(argv=None):
     p.add_argument("--png", required=True)
     p.add_argument("--json", help="all the rows, per run, in one file")
     args = p.parse_args(argv)
-    curves = [load(w) for w in args.work]
+    curves = {}
+    for label, rows in map(load, args.work):  # the same toolkit and direction: one line
+        curves.setdefault(label, []).extend(rows)
+    curves = [(label, sorted(rows, key=lambda r: r["minutes"])) for label, rows in curves.items()]
     plot(curves, args.png)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -114,6 +114,9 @@ def test_package_rows(peers):
                                         "--epochs-at", "6", "12"])
     argv = pkg.train_argv(args, peers.peer_common.Runner("V", "W", 2), 12, True)
     assert argv[-1] == "--resume" and argv[argv.index("--epochs") + 1] == 12
+    assert argv[argv.index("--average-last") + 1] == 4
+    args.average = 0  # no average: no flag
+    assert "--average-last" not in pkg.train_argv(args, peers.peer_common.Runner("V", "W", 2), 12, True)
 
 
 def test_the_curves_plot_and_table(peers, tmp_path, capsys):
@@ -126,10 +129,15 @@ def test_the_curves_plot_and_table(peers, tmp_path, capsys):
         rows.append(dict(rows[-1], checkpoint="average", bleu=bleus[-1] + 1))
         (tmp_path / name).mkdir()
         (tmp_path / name / "curve.json").write_text(json.dumps(rows))
+    (tmp_path / "c").mkdir()  # the first run continued in a WORK of its own: one line with it
+    (tmp_path / "c" / "curve.json").write_text(json.dumps([dict(
+        json.loads((tmp_path / "a" / "curve.json").read_text())[0], checkpoint="epoch_4",
+        minutes=40.0, bleu=16.0)]))
     png, out = tmp_path / "c.png", tmp_path / "c.json"
-    curves = peers.peer_plot.main([str(tmp_path / "a"), str(tmp_path / "b"), "--png", str(png),
-                                   "--json", str(out)])
+    curves = peers.peer_plot.main([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c"),
+                                   "--png", str(png), "--json", str(out)])
     assert [label for label, _ in curves] == ["d2l_transformer en-de", "OpenNMT-py en-de"]
+    assert [r["checkpoint"] for r in curves[0][1]] == ["step_0", "step_1", "average", "epoch_4"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(json.loads(out.read_text())) == 2
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 + 6 and "| OpenNMT-py en-de | average | 20.0 | 200 | 13.50 |" in lines[-1]
+    assert len(lines) == 2 + 7 and "| OpenNMT-py en-de | average | 20.0 | 200 | 13.50 |" in lines[-1]
