@@ -317,6 +317,26 @@ def curve_row(name, updates, seconds, startup, scores, tokens_per_sec, peak_rss_
             "settings": settings}
 
 
+def say_row(row):
+    """A curve row's one line, as it lands."""
+    print(f"  {row['checkpoint']}: {row['minutes']:.1f} min, BLEU {row['bleu']:.2f} "
+          f"chrF {row['chrf']:.2f}", flush=True)
+
+
+def report(args, r, results, curve):
+    """A peer run's end: ``curve()``'s rows into WORK/curve.json (with ``--score-checkpoints``),
+    the commands and everything into WORK/results.json, and one line."""
+    if args.score_checkpoints:
+        results["curve"] = curve()
+        dump(results["curve"], os.path.join(args.work, "curve.json"))
+    results["commands"] = r.commands
+    dump(results, os.path.join(args.work, "results.json"))
+    print(f"{results['direction']}: BLEU {results['bleu']:.2f} chrF {results['chrf']:.2f} after "
+          f"{results['steps']} updates, {results['train_seconds']:.0f} s of training; "
+          f"{os.path.join(args.work, 'results.json')}")
+    return results
+
+
 def tokens_per_sec_until(reports, step, started):
     """Real source+target tokens a second between the first report and the last one at or
     before `step` (None with fewer than two)."""

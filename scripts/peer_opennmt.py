@@ -174,14 +174,8 @@ def main(argv=None):
     hyp_sp, results["translate_seconds"] = translate(args, r, paths, model, "test.hyp", "translate.log")
     results.update(pc.score(args, r, hyp_sp, spm["tgt"], "test.hyp", "score.json"))
     # 6. the curve: every kept checkpoint translated and scored
-    if args.score_checkpoints:
-        results["curve"] = curve(args, r, paths, spm, found, reports, train, rss, results)
-        pc.dump(results["curve"], W("curve.json"))
-    results["commands"] = r.commands
-    pc.dump(results, W("results.json"))
-    print(f"{results['direction']}: BLEU {results['bleu']:.2f} chrF {results['chrf']:.2f} after "
-          f"{results['steps']} steps, {results['train_seconds']:.0f} s of training; {W('results.json')}")
-    return results
+    return pc.report(args, r, results,
+                     lambda: curve(args, r, paths, spm, found, reports, train, rss, results))
 
 
 def train_model(args, r, paths, results):
@@ -241,8 +235,7 @@ def curve(args, r, paths, spm, found, reports, started, rss, results):
         rows.append(pc.curve_row(os.path.basename(path), step, os.path.getmtime(path) - started,
                                  startup, scores, pc.tokens_per_sec_until(reports, step, started),
                                  rss, settings))
-        print(f"  {rows[-1]['checkpoint']}: {rows[-1]['minutes']:.1f} min, BLEU "
-              f"{rows[-1]['bleu']:.2f} chrF {rows[-1]['chrf']:.2f}", flush=True)
+        pc.say_row(rows[-1])
     return pc.with_average(rows, found, results)
 
 

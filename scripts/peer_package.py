@@ -150,8 +150,7 @@ def main(argv=None):
         with open(os.path.join(model, "summary.json"), encoding="utf-8") as f:
             summary = json.load(f)
         rows.append(summary_row(name, summary, batches, evaluate(args, r, model, name), rss, settings))
-        print(f"  {rows[-1]['checkpoint']}: {rows[-1]['minutes']:.1f} min, BLEU "
-              f"{rows[-1]['bleu']:.2f} chrF {rows[-1]['chrf']:.2f}", flush=True)
+        pc.say_row(rows[-1])
     pc.dump(rows, os.path.join(args.work, "curve.json"))
     pc.dump({"toolkit": "d2l_transformer", "args": vars(args), "env": r.env_note, "curve": rows,
              "commands": r.commands}, os.path.join(args.work, "results.json"))
