@@ -6,14 +6,20 @@ changed per row, each row a training run in its own process, rounds interleaved,
     .venv/bin/python scripts/bench_memory.py --bible out/bible --pairs 8000 --repeats 2
 
 Rows (the first ``--pairs`` pairs, English to German, no held-out parts, ``--epochs`` epochs,
-``--precision``, one thread: `D2L_TRANSFORMER_THREADS=1`, so that CPU seconds compare on a
-busy machine):
+``--precision``, ``--threads`` threads (1 by default: `D2L_TRANSFORMER_THREADS=1`, so that CPU
+seconds compare on a busy machine); ``--rows`` picks some):
 
 * ``graph per call``: the package as it trains batches by length (`steps.static_batches`);
 * ``static graph``: its buffers planned once and kept (``static_alloc``), as before;
 * ``+ glibc mmap 128 KB``: the first, ``MALLOC_MMAP_THRESHOLD_=131072`` (glibc's threshold
   fixed: a freed large block goes back to the system at once);
-* ``+ glibc 2 arenas``: the first, ``MALLOC_ARENA_MAX=2``.
+* ``+ glibc 2 arenas``: the first, ``MALLOC_ARENA_MAX=2``;
+* ``+ glibc huge pages``: the first, ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc 2.35 and
+  later ask for transparent huge pages on the blocks they map: one page fault per 2 MB, not per
+  4 KB, when the kernel's THP mode is ``madvise`` or ``always``);
+* ``+ glibc heap only``: the first, ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824``
+  (no block is mapped on its own, and up to 1 GB freed at the heap's top is kept: a large
+  buffer freed at one step is reused by the next without new page faults).
 
 MXNet 1.9.1 has no CPU memory pool to set: ``MXNET_CPU_MEM_POOL_TYPE`` came with MXNet 2.0, and
 1.9.1's library does not read it (its name is not in ``libmxnet.so``).
@@ -35,7 +41,9 @@ ROWS = {"graph per call": ({}, ""),
         "static graph": ({}, "from d2l_transformer.training import loop\n"
                              "loop.static_batches = lambda data_iter: True\n"),
         "+ glibc mmap 128 KB": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, ""),
-        "+ glibc 2 arenas": ({"MALLOC_ARENA_MAX": "2"}, "")}
+        "+ glibc 2 arenas": ({"MALLOC_ARENA_MAX": "2"}, ""),
+        "+ glibc huge pages": ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, ""),
+        "+ glibc heap only": ({"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1073741824"}, "")}
 CHILD = """import json, resource, sys
 {patch}from d2l_transformer.cli import main
 code = main(sys.argv[1:])
@@ -54,6 +62,10 @@ def get_parser():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--precision", default="float32")
+    p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS),
+                   help="the rows to run (all)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="D2L_TRANSFORMER_THREADS of each run (1: CPU seconds compare when busy)")
     p.add_argument("--json", default=None)
     return p
 
@@ -67,7 +79,7 @@ def run_row(name, args, out):
             f"precision={args.precision}", "--quiet", "--out", out, "--overwrite"]
     run = subprocess.run([sys.executable, "-c", CHILD.format(patch=patch), *argv],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "D2L_TRANSFORMER_THREADS": "1", **env})
+                         env={**os.environ, "D2L_TRANSFORMER_THREADS": str(args.threads), **env})
     if run.returncode:
         raise SystemExit(f"{name}: {run.stderr.strip().splitlines()[-1]}")
     with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
@@ -79,11 +91,11 @@ def run_row(name, args, out):
 
 
 def main(args):
-    figures = {name: [] for name in ROWS}
+    figures = {name: [] for name in args.rows}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for name in (ROWS if r % 2 == 0 else list(ROWS)[::-1]):
-                out = os.path.join(tmp, f"{r}-{len(figures[name])}-{list(ROWS).index(name)}")
+            for name in (args.rows if r % 2 == 0 else args.rows[::-1]):
+                out = os.path.join(tmp, f"{r}-{list(ROWS).index(name)}")
                 figures[name].append(run_row(name, args, out))
                 print(name, figures[name][-1], flush=True)
     keys = ("peak_rss_gb", "cpu_seconds", "minor_faults", "tokens_per_sec")

@@ -292,8 +292,8 @@ def throughput(reports, started):
 def calibration(args, results, rates, rss):
     """--calibrate's end: the steps that fit ``--minutes``, printed and written."""
     if not rates:
-        sys.exit(f"too few training reports in {args.calibrate:.0f} s to measure: see "
-                 f"{os.path.join(args.work, 'train.log')}")
+        sys.exit(f"too few training reports in {args.calibrate:.0f} s to measure (two are needed): "
+                 f"give a longer --calibrate; see {os.path.join(args.work, 'train.log')}")
     budget = args.minutes * 60
     rates["steps_for_budget"] = int(rates["steps_per_second"] * (budget - rates["startup_seconds"]))
     results["calibration"] = rates
