@@ -9,9 +9,10 @@ row and the rows in one JSON file:
 Each WORK directory holds the run's ``curve.json`` (peer_common's rows: ``minutes``, ``updates``,
 ``bleu``, ``chrf``, ``tokens_per_sec``, ``peak_rss_gb``, ``settings``); a line is labelled with
 its toolkit and direction, and runs of the same label are one line (a curve continued in a
-second WORK, as peer_package.py ``--models`` scores stages trained by hand). The average of
-the last checkpoints (a row whose name says ``average``) is drawn as its own marker at its
-time, not as a point of the line.
+second WORK, as peer_package.py ``--models`` scores stages trained by hand). Each direction has
+its own panel, each toolkit its colour in all of them. The average of the last checkpoints (a
+row whose name says ``average``) is drawn as its own marker at its time, not as a point of the
+line.
 """
 
 import argparse
@@ -37,19 +38,28 @@ def is_average(row):
 
 
 def plot(curves, path):
-    """BLEU against minutes, a line per run (its averages as stars)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, rows in curves:
-        points = [r for r in rows if not is_average(r)]
-        line, = ax.plot([r["minutes"] for r in points], [r["bleu"] for r in points], "o-",
-                        label=label)
-        for r in rows:
-            if is_average(r):
-                ax.plot([r["minutes"]], [r["bleu"]], "*", markersize=12, color=line.get_color())
-    ax.set_xlabel("minutes of training")
-    ax.set_ylabel("test BLEU (beam 4, sacreBLEU)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    """BLEU against minutes: a panel per direction, a line per run, a colour per toolkit (the
+    same in every panel), averages as stars."""
+    directions = sorted({label.split()[-1] for label, _ in curves})
+    toolkits = sorted({label.rsplit(" ", 1)[0] for label, _ in curves})
+    colours = {t: f"C{i}" for i, t in enumerate(toolkits)}
+    fig, axes = plt.subplots(1, len(directions), figsize=(5.5 * len(directions), 4), squeeze=False)
+    for ax, direction in zip(axes[0], directions):
+        for label, rows in curves:
+            toolkit, run_direction = label.rsplit(" ", 1)
+            if run_direction != direction:
+                continue
+            points = [r for r in rows if not is_average(r)]
+            ax.plot([r["minutes"] for r in points], [r["bleu"] for r in points], "o-",
+                    label=toolkit, color=colours[toolkit])
+            averages = [r for r in rows if is_average(r)]
+            ax.plot([r["minutes"] for r in averages], [r["bleu"] for r in averages], "*",
+                    markersize=12, color=colours[toolkit])
+        ax.set_title(direction)
+        ax.set_xlabel("minutes of training")
+        ax.set_ylabel("test BLEU (beam 4, sacreBLEU)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

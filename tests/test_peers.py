@@ -122,10 +122,12 @@ def test_package_rows(peers):
 def test_the_curves_plot_and_table(peers, tmp_path, capsys):
     """Two runs' curve.json drawn in one PNG; the table has a line per row, averages named."""
     import json
-    for name, toolkit, bleus in (("a", "d2l_transformer", (10.0, 15.0)), ("b", "OpenNMT-py", (8.0, 12.5))):
+    for name, toolkit, direction, bleus in (("a", "d2l_transformer", "en-de", (10.0, 15.0)),
+                                            ("b", "OpenNMT-py", "en-de", (8.0, 12.5)),
+                                            ("d", "OpenNMT-py", "de-en", (9.0, 13.0))):
         rows = [{"checkpoint": f"step_{i}", "minutes": 10.0 * (i + 1), "updates": 100 * (i + 1),
                  "bleu": b, "chrf": 2 * b, "tokens_per_sec": 1000.0, "peak_rss_gb": 1.5,
-                 "settings": {"toolkit": toolkit, "direction": "en-de"}} for i, b in enumerate(bleus)]
+                 "settings": {"toolkit": toolkit, "direction": direction}} for i, b in enumerate(bleus)]
         rows.append(dict(rows[-1], checkpoint="average", bleu=bleus[-1] + 1))
         (tmp_path / name).mkdir()
         (tmp_path / name / "curve.json").write_text(json.dumps(rows))
@@ -134,10 +136,13 @@ def test_the_curves_plot_and_table(peers, tmp_path, capsys):
         json.loads((tmp_path / "a" / "curve.json").read_text())[0], checkpoint="epoch_4",
         minutes=40.0, bleu=16.0)]))
     png, out = tmp_path / "c.png", tmp_path / "c.json"
-    curves = peers.peer_plot.main([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c"),
-                                   "--png", str(png), "--json", str(out)])
-    assert [label for label, _ in curves] == ["d2l_transformer en-de", "OpenNMT-py en-de"]
+    curves = peers.peer_plot.main([str(tmp_path / d) for d in "abcd"]
+                                  + ["--png", str(png), "--json", str(out)])
+    assert [label for label, _ in curves] == ["d2l_transformer en-de", "OpenNMT-py en-de",
+                                              "OpenNMT-py de-en"]
     assert [r["checkpoint"] for r in curves[0][1]] == ["step_0", "step_1", "average", "epoch_4"]
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(json.loads(out.read_text())) == 2
+    head = png.read_bytes()
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and len(json.loads(out.read_text())) == 3
+    assert int.from_bytes(head[16:20], "big") == 1100  # two directions: two panels side by side
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 + 7 and "| OpenNMT-py en-de | average | 20.0 | 200 | 13.50 |" in lines[-1]
+    assert len(lines) == 2 + 10 and "| OpenNMT-py en-de | average | 20.0 | 200 | 13.50 |" in lines[-4]
