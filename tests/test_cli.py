@@ -157,6 +157,22 @@ def test_translate_drops_a_leading_byte_order_mark(model_dir, monkeypatch, capsy
     assert out[0] == out[1] == out[2] and capsys.readouterr().err == ""
 
 
+def test_translate_into_a_reader_that_stops_ends_quietly(model_dir, tmp_path):
+    """``translate < big | head -1``: the closed pipe ends the command with SIGPIPE's status
+    (141) and no traceback, not the "bug" status and a traceback."""
+    src = tmp_path / "src.txt"
+    src.write_text("go .\n" * 20000)
+    with open(src) as stdin:
+        proc = subprocess.Popen([sys.executable, "-m", "d2l_transformer.cli", "translate",
+                                 "--model", model_dir, "--engine", "mxnet"],
+                                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first = proc.stdout.readline()
+        proc.stdout.close()  # as `head -1` does
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=600) == 141, err
+    assert first.strip() and "Traceback" not in err and "Exception ignored" not in err, err
+
+
 def test_help_names_every_command_without_markup(capsys):
     """The top-level help's text names every command (serve too); no help shows reST markup."""
     commands = ["train", "translate", "evaluate", "score", "launch", "serve", "export", "compare"]

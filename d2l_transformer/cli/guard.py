@@ -2,7 +2,9 @@
 missing or damaged model or data, a file named on the command line that cannot be read or
 written, a full disk) prints one line ``error: ...`` on stderr and exits with `EXIT_ERROR`; it
 never prints a traceback. Anything else is a bug: its traceback is printed, then one line saying
-so, and the exit status is `EXIT_BUG`."""
+so, and the exit status is `EXIT_BUG`. A reader that stops reading (``translate ... | head``) is
+no error: the command stops quietly with 141, the status of a process ended by SIGPIPE, as the
+shell's own tools do."""
 
 import errno
 import os
@@ -10,6 +12,7 @@ import sys
 import traceback
 
 EXIT_BAD_INPUT, EXIT_ERROR, EXIT_BUG = 1, 2, 3
+EXIT_PIPE = 128 + 13  # SIGPIPE
 
 
 def about_paths(error, paths):
@@ -32,9 +35,17 @@ def about_paths(error, paths):
 def guarded(func, args, user_errors, paths):
     """``func(args)`` under the policy: the exceptions `user_errors`, and an OSError about one
     of `paths` (`about_paths`), print one line and return EXIT_ERROR; anything else is a bug
-    (its traceback, one line, EXIT_BUG); Ctrl-C is one line and 130."""
+    (its traceback, one line, EXIT_BUG); Ctrl-C is one line and 130; a closed stdout
+    (BrokenPipeError) nothing and `EXIT_PIPE`."""
     try:
-        return func(args)
+        code = func(args)
+        sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # nothing more can be written: stdout goes to /dev/null, so that the interpreter's
+        # last flush does not fail again (the Python documentation's recipe, "SIGPIPE")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
     except user_errors as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
