@@ -157,6 +157,7 @@ def test_translate_drops_a_leading_byte_order_mark(model_dir, monkeypatch, capsy
     assert out[0] == out[1] == out[2] and capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_translate_into_a_reader_that_stops_ends_quietly(model_dir, tmp_path):
     """``translate < big | head -1``: the closed pipe ends the command with SIGPIPE's status
     (141) and no traceback, not the "bug" status and a traceback."""
