@@ -53,10 +53,10 @@ with open("/proc/self/status") as f:
 print(json.dumps({"code": code, "peak_rss_gb": peak / 1024 ** 2, "ops": ops}))
 """
 # --profile's groups: the first whose words are in an operator's name (its backward's too)
-GROUPS = (("attention", ("d2t_attention", "batch_dot", "softmax", "masked")),
+GROUPS = (("loss", ("softmax_ce", "log_softmax", "pick")),
+          ("attention", ("d2t_attention", "batch_dot", "softmax", "masked")),
           ("products", ("FullyConnected", "dot")),
           ("add & norm", ("layer_norm", "LayerNorm")),
-          ("loss", ("softmax_ce", "log_softmax", "pick")),
           ("optimizer", ("adam", "multi_")),
           ("embedding", ("Embedding", "take")),
           ("the rest", ("",)))
@@ -69,6 +69,8 @@ def get_parser():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--precision", default="auto")
+    p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS),
+                   help="the rows to run (all; fra is always one: the others are against it)")
     p.add_argument("--profile", action="store_true",
                    help="one more run a row with MXNet's profiler: its operators' time per "
                         "1,000 target tokens, by group, the groups against fra's")
@@ -94,25 +96,27 @@ def run_row(name, args, out, profile=False):
     lengths = summary["data"]["lengths"]
     child = json.loads(run.stdout.strip().splitlines()[-1])
     if profile:
-        return groups(child["ops"], summary["tokens_per_sec"])
+        return groups(child["ops"], summary["tokens_per_sec"], summary["train_seconds"])
     return {"tokens_per_sec": summary["tokens_per_sec"], "peak_rss_gb": child["peak_rss_gb"],
             "pairs": lengths["pairs"], "limit": lengths["limit"],
             "precision": summary["precision"]["precision"]}
 
 
-def groups(ops, tokens_per_sec):
-    """Milliseconds of operator time per 1,000 target tokens, by `GROUPS`, from MXNet's
-    aggregate statistics (``{"Time": {domain: {operator: {"Total": ms, ...}}}}``) and the run's
-    tokens a second: each group's share of the operators' time, times the milliseconds 1,000
-    tokens took."""
+def groups(ops, tokens_per_sec, train_seconds):
+    """Milliseconds per 1,000 target tokens by `GROUPS`, from MXNet's aggregate statistics
+    (``{"Time": {"operator": {name: {"Total": ms, ...}}, ...}}``; the other domains, the C
+    API's calls, are the Python thread's waits for them) over the run's target tokens
+    (its tokens a second times its seconds of training), and ``outside the operators``: the
+    wall clock's milliseconds per 1,000 tokens less the operators' (Python, the engine, waits;
+    negative where operators overlap)."""
     totals = dict.fromkeys([g for g, _ in GROUPS], 0.0)
-    for domain in ops.get("Time", {}).values():
-        for op, stats in domain.items():
-            group = next(g for g, words in GROUPS if any(w in op for w in words))
-            totals[group] += stats["Total"]
-    whole = sum(totals.values()) or 1.0
-    per_1000 = 1e6 / tokens_per_sec
-    return {g: round(t / whole * per_1000, 2) for g, t in totals.items()}
+    for op, stats in ops.get("Time", {}).get("operator", {}).items():  # not the C API's waits
+        group = next(g for g, words in GROUPS if any(w in op for w in words))
+        totals[group] += stats["Total"]
+    thousands = tokens_per_sec * train_seconds / 1000
+    result = {g: round(t / thousands, 2) for g, t in totals.items()}
+    result["outside the operators"] = round(1e6 / tokens_per_sec - sum(result.values()), 2)
+    return result
 
 
 def breakdown(profiles):
@@ -125,14 +129,15 @@ def breakdown(profiles):
 
 
 def main(args):
-    figures = {name: [] for name in ROWS}
+    rows = ["fra"] + [name for name in args.rows if name != "fra"]
+    figures = {name: [] for name in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for name in (ROWS if r % 2 == 0 else list(ROWS)[::-1]):
+            for name in (rows if r % 2 == 0 else rows[::-1]):
                 figures[name].append(run_row(name, args, os.path.join(tmp, f"{r}-{name}")))
                 print(name, figures[name][-1], flush=True)
         profiles = {name: run_row(name, args, os.path.join(tmp, f"profile-{name}"), profile=True)
-                    for name in ROWS} if args.profile else None
+                    for name in rows} if args.profile else None
     result = {name: dict(runs[-1], **{k: statistics.median(x[k] for x in runs)
                                       for k in ("tokens_per_sec", "peak_rss_gb")})
               for name, runs in figures.items() if runs}

@@ -26,11 +26,13 @@ from matplotlib import pyplot as plt  # noqa: E402
 
 
 def load(work):
-    """``(label, rows)`` of WORK/curve.json, the label ``toolkit direction``."""
+    """``(label, rows)`` of WORK/curve.json, the label ``toolkit [--set fields] direction``
+    (peer_package.py's ``--set`` makes a run of its own)."""
     with open(os.path.join(work, "curve.json"), encoding="utf-8") as f:
         rows = json.load(f)
     settings = rows[0]["settings"] if rows else {}
-    return f"{settings.get('toolkit', os.path.basename(work))} {settings.get('direction', '')}", rows
+    toolkit = " ".join([settings.get("toolkit", os.path.basename(work)), *settings.get("set", [])])
+    return f"{toolkit} {settings.get('direction', '')}", rows
 
 
 def is_average(row):

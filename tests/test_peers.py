@@ -131,18 +131,23 @@ def test_the_curves_plot_and_table(peers, tmp_path, capsys):
         rows.append(dict(rows[-1], checkpoint="average", bleu=bleus[-1] + 1))
         (tmp_path / name).mkdir()
         (tmp_path / name / "curve.json").write_text(json.dumps(rows))
+    e = json.loads((tmp_path / "a" / "curve.json").read_text())  # other settings: a run of its own
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "curve.json").write_text(json.dumps(
+        [dict(r, settings=dict(r["settings"], set=["batch_tokens=4096"])) for r in e[:1]]))
     (tmp_path / "c").mkdir()  # the first run continued in a WORK of its own: one line with it
     (tmp_path / "c" / "curve.json").write_text(json.dumps([dict(
         json.loads((tmp_path / "a" / "curve.json").read_text())[0], checkpoint="epoch_4",
         minutes=40.0, bleu=16.0)]))
     png, out = tmp_path / "c.png", tmp_path / "c.json"
-    curves = peers.peer_plot.main([str(tmp_path / d) for d in "abcd"]
+    curves = peers.peer_plot.main([str(tmp_path / d) for d in "abcde"]
                                   + ["--png", str(png), "--json", str(out)])
     assert [label for label, _ in curves] == ["d2l_transformer en-de", "OpenNMT-py en-de",
-                                              "OpenNMT-py de-en"]
+                                              "OpenNMT-py de-en",
+                                              "d2l_transformer batch_tokens=4096 en-de"]
     assert [r["checkpoint"] for r in curves[0][1]] == ["step_0", "step_1", "average", "epoch_4"]
     head = png.read_bytes()
-    assert head[:8] == b"\x89PNG\r\n\x1a\n" and len(json.loads(out.read_text())) == 3
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and len(json.loads(out.read_text())) == 4
     assert int.from_bytes(head[16:20], "big") == 1100  # two directions: two panels side by side
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 + 10 and "| OpenNMT-py en-de | average | 20.0 | 200 | 13.50 |" in lines[-4]
+    assert len(lines) == 2 + 11 and "| OpenNMT-py en-de | average | 20.0 | 200 | 13.50 |" in lines[-5]

@@ -39,12 +39,16 @@ def guarded(func, args, user_errors, paths):
     (BrokenPipeError) nothing and `EXIT_PIPE`."""
     try:
         code = func(args)
-        sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
+        if sys.stdout is not None:  # None: started without a stdout
+            sys.stdout.flush()  # a closed pipe is found here, not at the interpreter's exit
         return code
     except BrokenPipeError:
         # nothing more can be written: stdout goes to /dev/null, so that the interpreter's
         # last flush does not fail again (the Python documentation's recipe, "SIGPIPE")
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # a stdout with no file behind it
+            pass
         return EXIT_PIPE
     except user_errors as e:
         print(f"error: {e}", file=sys.stderr)
