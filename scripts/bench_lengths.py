@@ -86,7 +86,7 @@ def run_row(name, args, out, profile=False):
     argv = ["train", "--preset", "hour", *data, "--max-pairs", str(args.pairs), "--epochs",
             str(args.epochs), "--set", "num_valid=0", "--set", "num_test=0", "--set",
             f"precision={args.precision}", "--quiet", "--out", out, "--overwrite", *extra]
-    mode = ["profile", os.path.join(out + ".profile.json")] if profile else ["time"]
+    mode = ["profile", out + ".profile.json"] if profile else ["time"]
     run = subprocess.run([sys.executable, "-c", CHILD, *mode, *argv], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     if run.returncode:
