@@ -9,8 +9,16 @@ Rows (the first ``--pairs`` pairs, English to German, no held-out parts, ``--epo
 ``--precision``, ``--threads`` threads (1 by default: `D2L_TRANSFORMER_THREADS=1`, so that CPU
 seconds compare on a busy machine); ``--rows`` picks some):
 
-* ``graph per call``: the package as it trains batches by length (`steps.static_batches`);
+* ``graph per call``: the package as it trains batches by length (`steps.static_batches`),
+  with glibc's malloc as the package sets it (`_runtime.allocator`: one heap, kept);
+* ``+ glibc defaults``: the first with glibc's own malloc settings (``MALLOC_ARENA_MAX=0``,
+  which glibc ignores, so the package leaves malloc alone), as the package trained before;
 * ``static graph``: its buffers planned once and kept (``static_alloc``), as before;
+* ``before`` (with ``--before DIR``): the package as checked out in DIR (``git worktree add
+  DIR REV``), the same command;
+
+The glibc rows below set a malloc variable, so the package leaves glibc to them:
+
 * ``+ glibc mmap 128 KB``: the first, ``MALLOC_MMAP_THRESHOLD_=131072`` (glibc's threshold
   fixed: a freed large block goes back to the system at once);
 * ``+ glibc 2 arenas``: the first, ``MALLOC_ARENA_MAX=2``;
@@ -38,6 +46,7 @@ import sys
 import tempfile
 
 ROWS = {"graph per call": ({}, ""),
+        "+ glibc defaults": ({"MALLOC_ARENA_MAX": "0"}, ""),
         "static graph": ({}, "from d2l_transformer.training import loop\n"
                              "loop.static_batches = lambda data_iter: True\n"),
         "+ glibc mmap 128 KB": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, ""),
@@ -55,6 +64,13 @@ print(json.dumps({{"code": code, "peak_rss_gb": peak / 1024 ** 2, "minor_faults"
 """
 
 
+BEFORE = """import sys
+sys.path.insert(0, {dir!r})
+import d2l_transformer
+assert d2l_transformer.__file__.startswith({dir!r}), d2l_transformer.__file__
+"""
+
+
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bible", required=True, help="the folder ../shared/data/bible.sh wrote")
@@ -66,13 +82,15 @@ def get_parser():
                    help="the rows to run (all)")
     p.add_argument("--threads", type=int, default=1,
                    help="D2L_TRANSFORMER_THREADS of each run (1: CPU seconds compare when busy)")
+    p.add_argument("--before", default=None, metavar="DIR",
+                   help="a checkout of the package at another commit: adds the row 'before'")
     p.add_argument("--json", default=None)
     return p
 
 
 def run_row(name, args, out):
     """One training run of row `name` in a process of its own: its figures."""
-    env, patch = ROWS[name]
+    env, patch = ROWS[name] if name != "before" else ({}, BEFORE.format(dir=args.before))
     argv = ["train", "--preset", "hour", "--data", os.path.join(args.bible, "bible.en"),
             os.path.join(args.bible, "bible.de"), "--max-pairs", str(args.pairs), "--epochs",
             str(args.epochs), "--set", "num_valid=0", "--set", "num_test=0", "--set",
@@ -91,11 +109,13 @@ def run_row(name, args, out):
 
 
 def main(args):
+    if args.before:
+        args.rows = [*args.rows, "before"]
     figures = {name: [] for name in args.rows}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             for name in (args.rows if r % 2 == 0 else args.rows[::-1]):
-                out = os.path.join(tmp, f"{r}-{list(ROWS).index(name)}")
+                out = os.path.join(tmp, f"{r}-{[*ROWS, 'before'].index(name)}")
                 figures[name].append(run_row(name, args, out))
                 print(name, figures[name][-1], flush=True)
     keys = ("peak_rss_gb", "cpu_seconds", "minor_faults", "tokens_per_sec")

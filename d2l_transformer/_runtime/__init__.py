@@ -2,7 +2,8 @@
 
 MXNet reads its settings when it loads (OpenBLAS its kernels, OpenMP its threads) or at its first
 kernel (oneDNN its instruction set), and MXNet 1.9.1 itself needs NumPy's removed aliases to
-import at all. So, in this order: NumPy's aliases (`compat`), the OpenMP threads (`threads`),
+import at all. So, in this order: NumPy's aliases (`compat`), glibc's malloc, kept and reused
+before MXNet's threads take arenas of their own (`allocator`), the OpenMP threads (`threads`),
 the CPU's kernels (`cpu_math`), the CUDA libraries of the cu112 extra (`cuda`). The variables
 the threads and the kernels set follow one policy (`environ`): the user's own values are kept,
 and `environ.user_environ` is the environment the user had, for child processes that are not
@@ -16,15 +17,17 @@ and calls the same step: the modules here use the standard library and NumPy onl
 import logging
 import sys
 
-from . import compat, cpu_math, cuda, environ, threads
+from . import allocator, compat, cpu_math, cuda, environ, threads
 
 
 def prepare():
-    """The step before MXNet's import: `compat.apply`, `threads.configure`,
-    `cpu_math.configure`, `cuda.preload`. Call it before the first ``import mxnet``; after
-    it, one line says which settings came too late."""
+    """The step before MXNet's import: `compat.apply`, `allocator.configure` (not once MXNet
+    is in), `threads.configure`, `cpu_math.configure`, `cuda.preload`. Call it before the
+    first ``import mxnet``; after it, one line says which settings came too late."""
     late = "mxnet" in sys.modules
     compat.apply()
+    if not late:
+        allocator.configure()
     threads.configure()
     cpu_math.configure()
     if late:
