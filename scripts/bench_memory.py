@@ -64,11 +64,9 @@ print(json.dumps({{"code": code, "peak_rss_gb": peak / 1024 ** 2, "minor_faults"
 """
 
 
-BEFORE = """import sys
-sys.path.insert(0, {dir!r})
-import d2l_transformer
+BEFORE = """import d2l_transformer
 assert d2l_transformer.__file__.startswith({dir!r}), d2l_transformer.__file__
-"""
+"""  # run in DIR: ``python -c`` finds DIR's package first, from its working directory
 
 
 def get_parser():
@@ -90,13 +88,15 @@ def get_parser():
 
 def run_row(name, args, out):
     """One training run of row `name` in a process of its own: its figures."""
-    env, patch = ROWS[name] if name != "before" else ({}, BEFORE.format(dir=args.before))
-    argv = ["train", "--preset", "hour", "--data", os.path.join(args.bible, "bible.en"),
-            os.path.join(args.bible, "bible.de"), "--max-pairs", str(args.pairs), "--epochs",
+    before = os.path.abspath(args.before) if name == "before" else None
+    env, patch = ROWS[name] if not before else ({}, BEFORE.format(dir=before))
+    bible = os.path.abspath(args.bible)
+    argv = ["train", "--preset", "hour", "--data", os.path.join(bible, "bible.en"),
+            os.path.join(bible, "bible.de"), "--max-pairs", str(args.pairs), "--epochs",
             str(args.epochs), "--set", "num_valid=0", "--set", "num_test=0", "--set",
             f"precision={args.precision}", "--quiet", "--out", out, "--overwrite"]
     run = subprocess.run([sys.executable, "-c", CHILD.format(patch=patch), *argv],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=before,
                          env={**os.environ, "D2L_TRANSFORMER_THREADS": str(args.threads), **env})
     if run.returncode:
         raise SystemExit(f"{name}: {run.stderr.strip().splitlines()[-1]}")
