@@ -15,9 +15,9 @@ in new pages the kernel had to fault in and zero.
 * no blocks mapped on their own (``M_MMAP_MAX`` 0): large blocks come from that heap too;
 * no trimming of that heap below 2 GB free at its top (``M_TRIM_THRESHOLD``).
 
-The heap then grows to the largest step's need and stays there. Measured on the Bible (docs/
-data.md, "Memory"): the page faults fall by three quarters and tokens/s rise, at about the
-same peak. Arithmetic is unchanged: MXNet asks for aligned blocks either way.
+The heap then grows to the largest step's need, holes included, and stays there: fewer page
+faults and more tokens/s, for a higher peak (docs/data.md, "Memory", has the figures and the
+trade). Arithmetic is unchanged: MXNet asks for aligned blocks either way.
 
 A user who sets any of glibc's malloc variables (``MALLOC_ARENA_MAX``, ``MALLOC_MMAP_MAX_``,
 ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_``, or a
