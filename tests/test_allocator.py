@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from d2l_transformer._runtime import allocator
+from d2l_transformer._runtime import allocator, compat
 
 
 def _glibc():
@@ -47,14 +47,14 @@ print(json.dumps({{"configured": allocator.configured(), "faults": faults / page
 
 
 # What a user who imports mxnet first must do on NumPy >= 1.24 (Python 3.12 and later), where
-# MXNet 1.9.1 does not import without NumPy's removed aliases (d2l_transformer/_runtime/compat.py).
-ALIASES = """
-import builtins, warnings, numpy
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    for name in ("bool", "int", "float", "object", "complex", "str"):
-        if not hasattr(numpy, name):
-            setattr(numpy, name, getattr(builtins, name))
+# MXNet 1.9.1 does not import without NumPy's removed aliases: the package's own shim, loaded
+# by its path so that the package itself is not imported before mxnet.
+ALIASES = f"""
+import importlib.util
+spec = importlib.util.spec_from_file_location("compat", {compat.__file__!r})
+shim = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shim)
+shim.apply()
 """
 
 
